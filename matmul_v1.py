@@ -1,0 +1,203 @@
+"""v1: one warp (Blackwell) or one warpgroup (Hopper) loads a tile, waits, multiplies, waits.
+
+C = A @ B.T with A (M x K), B (N x K), C (M x N) in fp16 and fp32 accumulation. Each
+thread block owns one block_m x block_n tile of C and walks K in steps of block_k:
+
+    TMA load A[block_m, block_k] and B[block_n, block_k] into shared memory
+    wait on an mbarrier until the TMA engine reports all bytes arrived
+    tensor-core MMA into the accumulator, and wait for it to finish
+    (repeat), then the epilogue writes the accumulator to C as fp16
+
+Nothing overlaps inside a block: while the TMA engine fetches, the tensor cores idle, and
+while they multiply, no load is in flight. The arithmetic for block 128 x 128 x 64:
+
+    bytes per K step   (128 + 128) * 64 * 2 B          = 32 KiB of shared memory
+    work per K step    2 * 128 * 128 * 64               = 2.1 MFLOP
+    tensor-core time   2.1 MFLOP / ~4096 FLOP/cycle/SM  = ~512 cycles (H100: 989 TFLOPS,
+                                                          132 SMs, 1.83 GHz)
+    load latency       a TMA round trip to L2/HBM is ~1 us, i.e. ~1000+ cycles
+
+so one block alone keeps its SM's tensor cores busy well under half the time. What v1 gets
+beyond that comes from several blocks sharing an SM and taking turns: 32 KiB of shared
+memory per block would allow 7, but the Hopper accumulator (128 x 128 fp32 over 128
+threads = 128 registers per thread) limits residency to about 3. v2 overlaps loads and
+MMAs inside one block.
+
+Hopper and Blackwell differ in where the accumulator lives: wgmma accumulates in the
+registers of the issuing warpgroup, tcgen05.mma in tensor memory (TMEM), which a single
+thread issues for and which the epilogue copies out through registers.
+
+Constraints (checked by harness.check_inputs): fp16, contiguous, K and N multiples of 8
+(TMA needs 16-byte row strides); any M, N, K otherwise: TMA fills out-of-range reads with
+zeros and drops out-of-range writes, so ragged edges need no special code.
+
+Run: python matmul_v1.py [--sizes 4096 8192 1000x1016x1024] [--check-only] [--compile-only]
+"""
+
+import sys
+
+import tilus
+import torch
+from tilus import float16, float32, int32, uint32
+from tilus.ir.layout.ops.shared_ops import shared_row_major
+from tilus.utils import cdiv
+
+import harness
+
+
+# block_m = 128: the tcgen05.mma shape for one CTA; block_n up to 256 (TMEM columns used).
+# block_k: 64 fp16 = 128 B is the widest row TMA's 128-byte swizzle allows; 32 halves the
+# wait per step at twice the number of steps. e_block_n: the epilogue's shared staging tile.
+@tilus.autotune("block_m, block_n, e_block_n", [[128, 64, 32], [128, 128, 32], [128, 256, 32]])
+@tilus.autotune("block_k", [32, 64])
+class BlackwellMatmulV1(tilus.Script):
+    def __init__(self, block_m: int, block_n: int, block_k: int, e_block_n: int):
+        super().__init__()
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.e_block_n = e_block_n
+
+    def __call__(
+        self,
+        m_size: int32,
+        n_size: int32,
+        k_size: int32,
+        a_ptr: ~float16,
+        b_ptr: ~float16,
+        c_ptr: ~float16,
+    ):
+        self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
+        self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
+
+        offset_m: int32 = self.block_m * self.blockIdx.x
+        offset_n: int32 = self.block_n * self.blockIdx.y
+
+        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
+        s_a = self.shared_tensor(dtype=float16, shape=[self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=float16, shape=[self.block_n, self.block_k])
+        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+
+        # one barrier for "the TMA bytes arrived", one for "the MMA finished"
+        tma_barrier, mma_barrier = self.mbarrier.alloc(counts=[1, 1]).tolist()
+        phase: uint32 = 0  # both barriers complete once per K step, so one phase bit serves both
+        self.sync()
+
+        for offset_k in range(0, k_size, self.block_k):
+            with self.single_warp():
+                with self.single_thread():
+                    self.mbarrier.arrive_and_expect_tx(tma_barrier, transaction_bytes=s_a.nbytes + s_b.nbytes)
+                self.tma.global_to_shared(src=g_a, dst=s_a, offsets=[offset_m, offset_k], mbarrier=tma_barrier)
+                self.tma.global_to_shared(src=g_b, dst=s_b, offsets=[offset_n, offset_k], mbarrier=tma_barrier)
+                self.mbarrier.wait(tma_barrier, phase=phase)
+
+                # the first step overwrites TMEM, which starts with garbage
+                self.tcgen05.mma(s_a, s_b.transpose(), t_acc, enable_input_d=offset_k != 0)
+                self.tcgen05.commit(mbarrier=mma_barrier)
+                self.mbarrier.wait(mma_barrier, phase=phase)
+            self.sync()
+            phase ^= 1
+
+        # epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
+        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
+        s_c = self.shared_tensor(dtype=float16, shape=[self.block_m, self.e_block_n])
+        for e_offset_n in range(0, self.block_n, self.e_block_n):
+            t_acc_slice = self.tcgen05.slice(
+                t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
+            )
+            r_acc = self.tcgen05.load(t_acc_slice)
+            self.tcgen05.wait_load()
+            self.store_shared(s_c, r_acc.to(float16))
+            # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
+            self.fence.proxy_async(space="shared")
+            self.sync()
+            with self.single_warp():
+                self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n + e_offset_n], dims=[0, 1])
+                self.tma.commit_group()
+                self.tma.wait_group(n=0, read=True)  # s_c is rewritten next iteration
+            self.sync()
+
+        self.tcgen05.dealloc(t_acc)
+
+
+# The accumulator takes block_m * block_n / 128 fp32 registers per thread: 128 x 256 would
+# need 256 and spill, so 128 is the most. block_k as on Blackwell.
+@tilus.autotune("block_m, block_n", [[64, 128], [128, 64], [128, 128], [64, 256]])
+@tilus.autotune("block_k", [32, 64])
+class HopperMatmulV1(tilus.Script):
+    def __init__(self, block_m: int, block_n: int, block_k: int):
+        super().__init__()
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+
+    def __call__(
+        self,
+        m_size: int32,
+        n_size: int32,
+        k_size: int32,
+        a_ptr: ~float16,
+        b_ptr: ~float16,
+        c_ptr: ~float16,
+    ):
+        self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
+        self.attrs.warps = 4  # one warpgroup: wgmma is issued by 4 warps together
+
+        offset_m: int32 = self.block_m * self.blockIdx.x
+        offset_n: int32 = self.block_n * self.blockIdx.y
+
+        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
+        s_a = self.shared_tensor(dtype=float16, shape=[self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=float16, shape=[self.block_n, self.block_k])
+        acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
+
+        tma_barrier = self.mbarrier.alloc(counts=[1])
+        phase: uint32 = 0
+
+        for offset_k in range(0, k_size, self.block_k):
+            with self.single_warp():
+                with self.single_thread():
+                    self.mbarrier.arrive_and_expect_tx(tma_barrier, transaction_bytes=s_a.nbytes + s_b.nbytes)
+                self.tma.global_to_shared(src=g_a, dst=s_a, offsets=[offset_m, offset_k], mbarrier=tma_barrier)
+                self.tma.global_to_shared(src=g_b, dst=s_b, offsets=[offset_n, offset_k], mbarrier=tma_barrier)
+            self.mbarrier.wait(tma_barrier, phase=phase)
+
+            self.wgmma.fence()
+            self.wgmma.mma(s_a, s_b.transpose(), acc)
+            self.wgmma.commit_group()
+            self.wgmma.wait_group(0)  # the next load overwrites s_a and s_b
+            self.sync()
+            phase ^= 1
+
+        # epilogue: registers -> shared -> global (TMA), as on Blackwell; the output tile
+        # reuses the operand tiles' shared memory, which no MMA or load touches any more
+        self.free_shared(s_a)
+        self.free_shared(s_b)
+        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
+        s_c = self.shared_tensor(dtype=float16, shape=[self.block_m, self.block_n])
+        # row-major, unswizzled: one TMA box for the whole tile (a 128-byte swizzle caps a box at 64 columns)
+        self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
+        self.store_shared(s_c, acc.to(float16))
+        self.fence.proxy_async(space="shared")
+        self.sync()
+        with self.single_warp():
+            self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n], dims=[0, 1])
+            self.tma.commit_group()
+            self.tma.wait_group(n=0, read=True)  # s_c must outlive the TMA engine's read of it
+
+
+KERNELS = {"blackwell": BlackwellMatmulV1, "hopper": HopperMatmulV1}
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """C = A @ B.T for fp16 A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+
+    Raises TypeError/ValueError naming the rule for input the kernels cannot take.
+    """
+    return harness.launch(KERNELS, a, b, out)
+
+
+if __name__ == "__main__":
+    sys.exit(harness.main("v1", KERNELS, matmul))

@@ -1,0 +1,279 @@
+"""v2: a ring of `stages` shared-memory tiles, so loads run ahead of the tensor cores.
+
+v1 waited for every load before multiplying and for every multiply before loading again.
+v2 keeps `stages` slots of A and B tiles in shared memory, each with its own mbarrier:
+
+    prologue   issue the loads for the first slots
+    K step i   wait until slot i % stages is full, multiply it, and once no MMA reads a
+               slot any more, issue the load for a later K step into it
+
+so while the tensor cores work on step i, the TMA engine is already fetching the next
+steps. Each mbarrier completes once per trip around the ring; its phase bit alternates
+0, 1, 0, ... and a waiter passes once the phase it names has completed, so the code keeps
+`phase` next to `stage` and flips it whenever `stage` wraps to 0.
+
+The two GPUs differ in when a slot is free again:
+- Blackwell: one warp issues everything; after each tcgen05.mma it commits to an mbarrier
+  and waits for it, so at most one MMA is in flight and the slot it read is free at once.
+- Hopper: the warpgroup keeps one wgmma group in flight: after committing step i it waits
+  (wait_group(1)) only for step i - 1, then refills that slot. Every warp of the group has
+  to have finished step i - 1, so a block-wide barrier comes before the refill.
+
+Shared-memory budget (227 KiB per block) for block_k = 64:
+
+    slot bytes   (block_m + block_n) * 64 * 2 B:  128 x 128 -> 32 KiB, 128 x 256 -> 48 KiB
+    Hopper       stages * 32 KiB: 2 slots = 64 KiB (3 blocks per SM), 3 = 96 KiB (2 per SM),
+                 4..6 = 128..192 KiB (1 per SM)
+    Blackwell    stages * 48 KiB + 8 KiB epilogue tile: at most 4 slots for 128 x 256
+
+More slots hide more latency but leave fewer blocks per SM to hide each other's epilogues;
+the autotuner picks. With a load ~1000+ cycles away and a 128 x 128 x 64 step taking ~512
+tensor-core cycles (see v1), two to three slots in flight are needed to cover it.
+
+What remains: on Blackwell the single warp still waits for each MMA before the next; on
+Hopper the same warps that multiply also issue the loads and meet at a barrier every step.
+v3 gives loading and multiplying to different warps.
+
+Constraints as in v1. Run: python matmul_v2.py [--sizes ...] [--check-only] [--compile-only]
+"""
+
+import sys
+
+import tilus
+import torch
+from tilus import float16, float32, int32, uint32
+from tilus.ir.layout.ops.shared_ops import shared_row_major
+from tilus.utils import cdiv
+
+import harness
+
+
+# block_m = 128: the tcgen05.mma shape for one CTA; block_n up to 256 (TMEM columns used).
+# block_k = 64 fp16 = 128 B, the widest row TMA's 128-byte swizzle allows.
+# stages: 2..4 slots; 4 x 48 KiB is the most the 128 x 256 tile fits.
+@tilus.autotune("block_m, block_n, e_block_n", [[128, 64, 32], [128, 128, 32], [128, 256, 32]])
+@tilus.autotune("block_k", [64])
+@tilus.autotune("stages", [2, 3, 4])
+class BlackwellMatmulV2(tilus.Script):
+    def __init__(self, block_m: int, block_n: int, block_k: int, e_block_n: int, stages: int):
+        super().__init__()
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.e_block_n = e_block_n
+        self.stages = stages
+
+    def __call__(
+        self,
+        m_size: int32,
+        n_size: int32,
+        k_size: int32,
+        a_ptr: ~float16,
+        b_ptr: ~float16,
+        c_ptr: ~float16,
+    ):
+        self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
+        self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
+
+        offset_m: int32 = self.block_m * self.blockIdx.x
+        offset_n: int32 = self.block_n * self.blockIdx.y
+
+        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
+        s_a = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
+        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+
+        # one "the TMA bytes arrived" barrier per slot, one "the MMA finished" barrier
+        full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)
+        mma_barrier = self.mbarrier.alloc(counts=[1])
+        num_k_steps: int32 = cdiv(k_size, self.block_k)
+        self.sync()
+
+        with self.single_warp():
+            # prologue: one load in flight per slot
+            for s in range(self.stages):
+                if s < num_k_steps:
+                    with self.single_thread():
+                        self.mbarrier.arrive_and_expect_tx(
+                            full_barriers[s], transaction_bytes=s_a[s].nbytes + s_b[s].nbytes
+                        )
+                    offset_k = s * self.block_k
+                    self.tma.global_to_shared(
+                        src=g_a, dst=s_a[s], offsets=[offset_m, offset_k], mbarrier=full_barriers[s]
+                    )
+                    self.tma.global_to_shared(
+                        src=g_b, dst=s_b[s], offsets=[offset_n, offset_k], mbarrier=full_barriers[s]
+                    )
+
+            stage: int32 = 0
+            phase: uint32 = 0  # flips each time stage wraps: the barriers alternate phases per trip
+            mma_phase: uint32 = 0
+            for k_step in self.range(num_k_steps, unroll=self.stages):
+                self.mbarrier.wait(full_barriers[stage], phase=phase)
+
+                # the first step overwrites TMEM, which starts with garbage
+                self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=k_step != 0)
+                self.tcgen05.commit(mbarrier=mma_barrier)
+                self.mbarrier.wait(mma_barrier, phase=mma_phase)
+                mma_phase ^= 1
+
+                # the MMA is done with this slot: refill it with the step `stages` ahead
+                if k_step + self.stages < num_k_steps:
+                    with self.single_thread():
+                        self.mbarrier.arrive_and_expect_tx(
+                            full_barriers[stage], transaction_bytes=s_a[stage].nbytes + s_b[stage].nbytes
+                        )
+                    offset_k = (k_step + self.stages) * self.block_k
+                    self.tma.global_to_shared(
+                        src=g_a, dst=s_a[stage], offsets=[offset_m, offset_k], mbarrier=full_barriers[stage]
+                    )
+                    self.tma.global_to_shared(
+                        src=g_b, dst=s_b[stage], offsets=[offset_n, offset_k], mbarrier=full_barriers[stage]
+                    )
+                stage = (stage + 1) % self.stages
+                phase ^= stage == 0
+        self.sync()
+
+        # epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
+        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
+        s_c = self.shared_tensor(dtype=float16, shape=[self.block_m, self.e_block_n])
+        for e_offset_n in range(0, self.block_n, self.e_block_n):
+            t_acc_slice = self.tcgen05.slice(
+                t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
+            )
+            r_acc = self.tcgen05.load(t_acc_slice)
+            self.tcgen05.wait_load()
+            self.store_shared(s_c, r_acc.to(float16))
+            # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
+            self.fence.proxy_async(space="shared")
+            self.sync()
+            with self.single_warp():
+                self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n + e_offset_n], dims=[0, 1])
+                self.tma.commit_group()
+                self.tma.wait_group(n=0, read=True)  # s_c is rewritten next iteration
+            self.sync()
+
+        self.tcgen05.dealloc(t_acc)
+
+
+# The accumulator takes block_m * block_n / 128 fp32 registers per thread: at most 128, so
+# at most 3 blocks per SM. block_k = 64 as on Blackwell. Shared memory per block is the
+# ring, stages * (block_m + block_n) * 64 * 2 B (the output tile reuses it), and blocks per
+# SM = 228 KiB / that: 128 x 128 with 2 slots -> 3 blocks, 3 -> 2, 4-6 -> 1 with 3-5
+# loads in flight; 64 x 256 (40 KiB slots) with 2 -> 2 blocks, 4 -> 1.
+@tilus.autotune(
+    "block_m, block_n, stages",
+    [[128, 128, 2], [128, 128, 3], [128, 128, 4], [128, 128, 6], [64, 256, 2], [64, 256, 4]],
+)
+@tilus.autotune("block_k", [64])
+class HopperMatmulV2(tilus.Script):
+    def __init__(self, block_m: int, block_n: int, block_k: int, stages: int):
+        super().__init__()
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.stages = stages
+
+    def __call__(
+        self,
+        m_size: int32,
+        n_size: int32,
+        k_size: int32,
+        a_ptr: ~float16,
+        b_ptr: ~float16,
+        c_ptr: ~float16,
+    ):
+        self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
+        self.attrs.warps = 4  # one warpgroup: wgmma is issued by 4 warps together
+
+        offset_m: int32 = self.block_m * self.blockIdx.x
+        offset_n: int32 = self.block_n * self.blockIdx.y
+
+        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
+        s_a = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
+        acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
+
+        full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)
+        num_k_steps: int32 = cdiv(k_size, self.block_k)
+
+        # prologue: loads in flight for all slots but one; that one is refilled in step 0
+        with self.single_warp():
+            for s in range(self.stages - 1):
+                if s < num_k_steps:
+                    with self.single_thread():
+                        self.mbarrier.arrive_and_expect_tx(
+                            full_barriers[s], transaction_bytes=s_a[s].nbytes + s_b[s].nbytes
+                        )
+                    offset_k = s * self.block_k
+                    self.tma.global_to_shared(
+                        src=g_a, dst=s_a[s], offsets=[offset_m, offset_k], mbarrier=full_barriers[s]
+                    )
+                    self.tma.global_to_shared(
+                        src=g_b, dst=s_b[s], offsets=[offset_n, offset_k], mbarrier=full_barriers[s]
+                    )
+
+        stage: int32 = 0
+        phase: uint32 = 0  # flips each time stage wraps: the barriers alternate phases per trip
+        refill_stage: int32 = self.stages - 1
+        for k_step in self.range(num_k_steps, unroll=self.stages):
+            self.mbarrier.wait(full_barriers[stage], phase=phase)
+
+            self.wgmma.fence()
+            self.wgmma.mma(s_a[stage], s_b[stage].transpose(), acc)
+            self.wgmma.commit_group()
+            self.wgmma.wait_group(1)  # step k_step may still run; step k_step - 1 has finished
+            self.sync()  # ... in every warp of the group, so its slot (refill_stage) is free
+
+            if k_step + self.stages - 1 < num_k_steps:
+                with self.single_warp():
+                    with self.single_thread():
+                        self.mbarrier.arrive_and_expect_tx(
+                            full_barriers[refill_stage],
+                            transaction_bytes=s_a[refill_stage].nbytes + s_b[refill_stage].nbytes,
+                        )
+                    offset_k = (k_step + self.stages - 1) * self.block_k
+                    self.tma.global_to_shared(
+                        src=g_a, dst=s_a[refill_stage], offsets=[offset_m, offset_k], mbarrier=full_barriers[refill_stage]
+                    )
+                    self.tma.global_to_shared(
+                        src=g_b, dst=s_b[refill_stage], offsets=[offset_n, offset_k], mbarrier=full_barriers[refill_stage]
+                    )
+            refill_stage = stage
+            stage = (stage + 1) % self.stages
+            phase ^= stage == 0
+        self.wgmma.wait_group(0)
+        self.sync()  # every warp's last wgmma is done before its slots are reused below
+
+        # epilogue: registers -> shared -> global (TMA), as on Blackwell; the output tile
+        # reuses the operand tiles' shared memory, which no MMA or load touches any more
+        self.free_shared(s_a)
+        self.free_shared(s_b)
+        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
+        s_c = self.shared_tensor(dtype=float16, shape=[self.block_m, self.block_n])
+        # row-major, unswizzled: one TMA box for the whole tile (a 128-byte swizzle caps a box at 64 columns)
+        self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
+        self.store_shared(s_c, acc.to(float16))
+        self.fence.proxy_async(space="shared")
+        self.sync()
+        with self.single_warp():
+            self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n], dims=[0, 1])
+            self.tma.commit_group()
+            self.tma.wait_group(n=0, read=True)  # s_c must outlive the TMA engine's read of it
+
+
+KERNELS = {"blackwell": BlackwellMatmulV2, "hopper": HopperMatmulV2}
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """C = A @ B.T for fp16 A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+
+    Raises TypeError/ValueError naming the rule for input the kernels cannot take.
+    """
+    return harness.launch(KERNELS, a, b, out)
+
+
+if __name__ == "__main__":
+    sys.exit(harness.main("v2", KERNELS, matmul))

@@ -1,0 +1,275 @@
+"""v3: warp specialisation. A producer warp loads, a consumer multiplies; barriers connect them.
+
+In v2 one warp (Blackwell) or one warpgroup (Hopper) did both jobs, so each job waited for
+the other: the Blackwell warp waited for every MMA before it could issue the next load and
+MMA, the Hopper warps met at a block-wide barrier every K step before refilling a slot.
+v3 gives each job its own warps, each running its own loop over K:
+
+    producer (one warp)     for each K step: wait until slot `stage` is empty,
+                            announce the bytes on full_barriers[stage], issue the TMA loads
+    consumer (MMA warps)    for each K step: wait until slot `stage` is full, multiply,
+                            then mark the slot empty again on empty_barriers[stage]
+
+Each slot has a pair of mbarriers. All barriers start in phase 0, and a wait for phase p
+passes once phase p has completed. The consumer starts waiting for phase 0 of
+full_barriers, which blocks until the first load lands. The producer starts waiting for
+phase 1 of empty_barriers; as far as a waiter can tell, "phase 1" completed before the
+barrier started, so the producer's first trip round the ring passes at once: every slot
+starts empty. Both sides flip their phase whenever their stage index wraps to 0.
+
+How the consumer frees a slot differs:
+- Blackwell: one MMA warp issues tcgen05.mma and then tcgen05.commit(empty_barriers[stage]),
+  which makes the hardware arrive on that barrier when the MMA has finished reading the
+  slot. The warp does not wait, so MMAs queue back to back. After the last one, a flush
+  barrier (one more commit, then a wait) proves every MMA finished before TMEM is read.
+- Hopper: the consumer warpgroup keeps one wgmma group in flight. After committing step i,
+  wgmma.wait_group(1) proves step i - 1 finished, so all 128 consumer threads arrive on
+  empty_barriers of step i - 1's slot (arrival count 128). wait_group(0) after the loop is
+  Hopper's flush barrier: the accumulator registers are final only after it.
+
+Warps: Blackwell keeps 4 (producer, MMA warp, two that join only for the epilogue);
+Hopper uses 5, a consumer warpgroup (warps 0-3: a warpgroup starts at a warp index
+divisible by 4) and the producer warp 4. Shared memory is v2's: stages * slot bytes.
+
+What remains: the grid walks tiles row by row, so blocks running together share little
+of A and B in L2, and the ring bookkeeping is spelled out inline in every kernel. v4
+moves the ring into a Pipeline class and visits tiles in groups.
+
+Constraints as in v1. Run: python matmul_v3.py [--sizes ...] [--check-only] [--compile-only]
+"""
+
+import sys
+
+import tilus
+import torch
+from tilus import GlobalTensor, RegisterTensor, SharedTensor, float16, float32, int32, uint32
+from tilus.ir.layout.ops.shared_ops import shared_row_major
+from tilus.utils import cdiv
+
+import harness
+
+
+# block_m = 128: the tcgen05.mma shape for one CTA; block_n up to 256 (TMEM columns used).
+# block_k = 64 fp16 = 128 B, the widest row TMA's 128-byte swizzle allows.
+# stages: 2..4 slots; 4 x 48 KiB is the most the 128 x 256 tile fits.
+@tilus.autotune("block_m, block_n, e_block_n", [[128, 64, 32], [128, 128, 32], [128, 256, 32]])
+@tilus.autotune("block_k", [64])
+@tilus.autotune("stages", [2, 3, 4])
+class BlackwellMatmulV3(tilus.Script):
+    def __init__(self, block_m: int, block_n: int, block_k: int, e_block_n: int, stages: int):
+        super().__init__()
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.e_block_n = e_block_n
+        self.stages = stages
+
+    def __call__(
+        self,
+        m_size: int32,
+        n_size: int32,
+        k_size: int32,
+        a_ptr: ~float16,
+        b_ptr: ~float16,
+        c_ptr: ~float16,
+    ):
+        self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
+        self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
+
+        offset_m: int32 = self.block_m * self.blockIdx.x
+        offset_n: int32 = self.block_n * self.blockIdx.y
+
+        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
+        s_a = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
+        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+
+        full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)  # a slot's loads landed
+        empty_barriers = self.mbarrier.alloc(counts=[1] * self.stages)  # a slot's MMA finished
+        flush_barrier = self.mbarrier.alloc(counts=[1])
+        self.sync()
+
+        with self.thread_group(thread_begin=0, num_threads=32):  # producer: the TMA warp
+            stage: int32 = 0
+            producer_phase: uint32 = self.mbarrier.producer_initial_phase  # 1: every slot starts empty
+            for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
+                self.mbarrier.wait(empty_barriers[stage], phase=producer_phase)
+                with self.single_thread():
+                    self.mbarrier.arrive_and_expect_tx(
+                        full_barriers[stage], transaction_bytes=s_a[stage].nbytes + s_b[stage].nbytes
+                    )
+                self.tma.global_to_shared(
+                    src=g_a, dst=s_a[stage], offsets=[offset_m, offset_k], mbarrier=full_barriers[stage]
+                )
+                self.tma.global_to_shared(
+                    src=g_b, dst=s_b[stage], offsets=[offset_n, offset_k], mbarrier=full_barriers[stage]
+                )
+                stage = (stage + 1) % self.stages
+                producer_phase ^= stage == 0
+
+        with self.thread_group(thread_begin=32, num_threads=32):  # consumer: the MMA warp
+            stage: int32 = 0
+            consumer_phase: uint32 = self.mbarrier.consumer_initial_phase  # 0: wait for the first load
+            for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
+                self.mbarrier.wait(full_barriers[stage], phase=consumer_phase)
+                # the first step overwrites TMEM, which starts with garbage
+                self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=offset_k != 0)
+                # no wait: the hardware arrives on empty_barriers[stage] once this MMA has finished
+                self.tcgen05.commit(mbarrier=empty_barriers[stage])
+                stage = (stage + 1) % self.stages
+                consumer_phase ^= stage == 0
+
+            # flush barrier: one more commit tracks every MMA issued above
+            self.tcgen05.commit(mbarrier=flush_barrier)
+            self.mbarrier.wait(flush_barrier, phase=0)
+        self.sync()
+
+        # epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
+        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
+        s_c = self.shared_tensor(dtype=float16, shape=[self.block_m, self.e_block_n])
+        for e_offset_n in range(0, self.block_n, self.e_block_n):
+            t_acc_slice = self.tcgen05.slice(
+                t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
+            )
+            r_acc = self.tcgen05.load(t_acc_slice)
+            self.tcgen05.wait_load()
+            self.store_shared(s_c, r_acc.to(float16))
+            # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
+            self.fence.proxy_async(space="shared")
+            self.sync()
+            with self.single_warp():
+                self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n + e_offset_n], dims=[0, 1])
+                self.tma.commit_group()
+                self.tma.wait_group(n=0, read=True)  # s_c is rewritten next iteration
+            self.sync()
+
+        self.tcgen05.dealloc(t_acc)
+
+
+# Two consumer warpgroups split the tile's rows; each holds a (block_m / 2) x block_n
+# accumulator, at most 128 fp32 registers per thread, so the tile can reach 128 x 256: the
+# L2-to-shared bytes per FLOP, (block_m + block_n) / (block_m * block_n), drop by a quarter
+# from 128 x 128. block_k = 64 as on Blackwell. stages: with 48 KiB slots and the 64 KiB
+# output tile, 3 fit (208 KiB of the 227 KiB a block may have).
+@tilus.autotune("block_m, block_n", [[128, 128], [128, 256], [256, 128]])
+@tilus.autotune("block_k", [64])
+@tilus.autotune("stages", [2, 3])
+class HopperMatmulV3(tilus.Script):
+    def __init__(self, block_m: int, block_n: int, block_k: int, stages: int):
+        super().__init__()
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.stages = stages
+        self.consumer_m = block_m // 2  # rows of the tile each consumer warpgroup owns
+
+    def __call__(
+        self,
+        m_size: int32,
+        n_size: int32,
+        k_size: int32,
+        a_ptr: ~float16,
+        b_ptr: ~float16,
+        c_ptr: ~float16,
+    ):
+        self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
+        self.attrs.warps = 9  # consumer warpgroups (warps 0-3, 4-7) + producer warp (warp 8)
+
+        offset_m: int32 = self.block_m * self.blockIdx.x
+        offset_n: int32 = self.block_n * self.blockIdx.y
+
+        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
+        # A's slot holds one half per consumer; both consumers read the whole B slot
+        s_a = self.shared_tensor(dtype=float16, shape=[self.stages, 2, self.consumer_m, self.block_k])
+        s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
+
+        full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)  # a slot's loads landed
+        empty_barriers = self.mbarrier.alloc(counts=[256] * self.stages)  # both consumers are done with it
+
+        with self.thread_group(thread_begin=256, num_threads=32):  # producer: the TMA warp
+            stage: int32 = 0
+            producer_phase: uint32 = self.mbarrier.producer_initial_phase  # 1: every slot starts empty
+            for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
+                self.mbarrier.wait(empty_barriers[stage], phase=producer_phase)
+                with self.single_thread():
+                    self.mbarrier.arrive_and_expect_tx(
+                        full_barriers[stage], transaction_bytes=s_a[stage].nbytes + s_b[stage].nbytes
+                    )
+                for part in range(2):
+                    self.tma.global_to_shared(
+                        src=g_a,
+                        dst=s_a[stage, part],
+                        offsets=[offset_m + part * self.consumer_m, offset_k],
+                        mbarrier=full_barriers[stage],
+                    )
+                self.tma.global_to_shared(
+                    src=g_b, dst=s_b[stage], offsets=[offset_n, offset_k], mbarrier=full_barriers[stage]
+                )
+                stage = (stage + 1) % self.stages
+                producer_phase ^= stage == 0
+
+        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
+        self.consumer(0, s_a, s_b, full_barriers, empty_barriers, g_c, offset_m, offset_n, k_size)
+        self.consumer(1, s_a, s_b, full_barriers, empty_barriers, g_c, offset_m, offset_n, k_size)
+
+    def consumer(
+        self,
+        warpgroup: int,
+        s_a: SharedTensor,
+        s_b: SharedTensor,
+        full_barriers: RegisterTensor,
+        empty_barriers: RegisterTensor,
+        g_c: GlobalTensor,
+        offset_m: int32,
+        offset_n: int32,
+        k_size: int32,
+    ):
+        """One consumer warpgroup: multiply its half of every A slot with the whole B slot."""
+        with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
+            acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+            stage: int32 = 0
+            consumer_phase: uint32 = self.mbarrier.consumer_initial_phase  # 0: wait for the first load
+            previous_stage: int32 = -1
+            for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
+                self.mbarrier.wait(full_barriers[stage], phase=consumer_phase)
+                self.wgmma.fence()
+                self.wgmma.mma(s_a[stage, warpgroup], s_b[stage].transpose(), acc)
+                self.wgmma.commit_group()
+                self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
+                if previous_stage >= 0:
+                    self.mbarrier.arrive(empty_barriers[previous_stage])
+                previous_stage = stage
+                stage = (stage + 1) % self.stages
+                consumer_phase ^= stage == 0
+            self.wgmma.wait_group(0)  # Hopper's flush: the accumulator is final only now
+
+            # epilogue: registers -> shared -> global (TMA), each warpgroup its own rows
+            s_c = self.shared_tensor(dtype=float16, shape=[self.consumer_m, self.block_n])
+            # row-major, unswizzled: one TMA box for the whole tile (a 128-byte swizzle caps a box at 64 columns)
+            self.annotate_layout(s_c, shared_row_major(self.consumer_m, self.block_n))
+            self.store_shared(s_c, acc.to(float16))
+            self.fence.proxy_async(space="shared")
+            self.sync()  # this warpgroup only (a named barrier)
+            with self.single_warp():
+                self.tma.shared_to_global(
+                    s_c, g_c, offsets=[offset_m + warpgroup * self.consumer_m, offset_n], dims=[0, 1]
+                )
+                self.tma.commit_group()
+                self.tma.wait_group(n=0, read=True)  # s_c must outlive the TMA engine's read of it
+
+
+KERNELS = {"blackwell": BlackwellMatmulV3, "hopper": HopperMatmulV3}
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """C = A @ B.T for fp16 A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+
+    Raises TypeError/ValueError naming the rule for input the kernels cannot take.
+    """
+    return harness.launch(KERNELS, a, b, out)
+
+
+if __name__ == "__main__":
+    sys.exit(harness.main("v3", KERNELS, matmul))

@@ -4,7 +4,9 @@ Each workaround replaces one attribute of a tilus module or class, names the def
 shows, and has a test in ``tests/test_compat.py`` that builds a kernel with the
 workaround off and expects the defect: once a tilus release fixes it, that test fails and
 the workaround can be deleted. They apply only to the release below; importing
-:mod:`harness` applies them. Nothing else in the repository patches tilus.
+:mod:`harness` applies them. The only other place that reaches into tilus is harness's
+build without a GPU, which swaps tilus' compile step for an object-only nvcc call because
+0.2.0 has no compile-only API.
 """
 
 import contextlib
@@ -75,14 +77,14 @@ def _barriers_above_peak(finalize):
     return place_barriers
 
 
-_WORKAROUNDS = [
-    (_tma_emitter, "cp_async_tensor_global_to_shared", _without_cta_group_before_blackwell),
-    (_tma_emitter, "cp_async_tensor_global_to_cluster_shared", _without_cta_group_before_blackwell),
-    (_hoist_pass, "StmtBuilder", _let_without_bindings),
-    (BarrierAllocContext, "finalize", _barriers_above_peak),
-]
-_originals = {(module, name): getattr(module, name) for module, name, _ in _WORKAROUNDS}
-_replacements = {(module, name): make(_originals[module, name]) for module, name, make in _WORKAROUNDS}
+# name -> (owner, attribute, replacement factory)
+_WORKAROUNDS = {
+    "hopper_tma_cta_group": (_tma_emitter, "cp_async_tensor_global_to_shared", _without_cta_group_before_blackwell),
+    "hoisting_empty_let": (_hoist_pass, "StmtBuilder", _let_without_bindings),
+    "barriers_above_peak": (BarrierAllocContext, "finalize", _barriers_above_peak),
+}
+_originals = {name: getattr(owner, attr) for name, (owner, attr, _) in _WORKAROUNDS.items()}
+_replacements = {name: make(_originals[name]) for name, (_, _, make) in _WORKAROUNDS.items()}
 
 
 def needed() -> bool:
@@ -92,18 +94,30 @@ def needed() -> bool:
 def apply() -> None:
     """Install the workarounds (idempotent; a no-op on a tilus release without these defects)."""
     if needed():
-        for (module, name), replacement in _replacements.items():
-            setattr(module, name, replacement)
+        for name, replacement in _replacements.items():
+            owner, attr, _ = _WORKAROUNDS[name]
+            setattr(owner, attr, replacement)
+
+
+def installed(name: str) -> bool:
+    owner, attr, _ = _WORKAROUNDS[name]
+    return getattr(owner, attr) is _replacements[name]
 
 
 @contextlib.contextmanager
-def disabled():
-    """Run a block with tilus exactly as released (the tests that show a defect is still there)."""
-    current = {key: getattr(*key) for key in _originals}
-    for (module, name), original in _originals.items():
-        setattr(module, name, original)
+def disabled(*names: str):
+    """Run a block with the named workarounds (default: all) off, tilus as released.
+
+    For the tests that show a defect is still there.
+    """
+    names = names or tuple(_WORKAROUNDS)
+    current = {name: getattr(*_WORKAROUNDS[name][:2]) for name in names}
+    for name in names:
+        owner, attr, _ = _WORKAROUNDS[name]
+        setattr(owner, attr, _originals[name])
     try:
         yield
     finally:
-        for (module, name), value in current.items():
-            setattr(module, name, value)
+        for name, value in current.items():
+            owner, attr, _ = _WORKAROUNDS[name]
+            setattr(owner, attr, value)

@@ -495,7 +495,7 @@ def _run(version: str, kernels: dict, matmul, arch_name: str, args) -> int:
         a, b, ref = random_inputs(m, n, k, seed)
         out = torch.full((m, n), math.nan, dtype=torch.float16, device="cuda")
         print(f"{m}x{n}x{k}: first call at this size builds and autotunes "
-              f"{_space_size(script_cls)} schedules (cached afterwards)...", flush=True)
+              f"{space_size(script_cls)} schedules (cached afterwards)...", flush=True)
         matmul(a, b, out)
         _wait(f"{script_cls.__name__} at {m}x{n}x{k}", args.timeout)
         err = relative_error(out, ref)
@@ -530,7 +530,7 @@ def _run(version: str, kernels: dict, matmul, arch_name: str, args) -> int:
     return 1 if failures else 0
 
 
-def _space_size(script_cls) -> int:
+def space_size(script_cls) -> int:
     return math.prod(len(values) for values in script_cls._autotune_space.values())
 
 

@@ -22,14 +22,25 @@ How the consumer frees a slot differs:
   which makes the hardware arrive on that barrier when the MMA has finished reading the
   slot. The warp does not wait, so MMAs queue back to back. After the last one, a flush
   barrier (one more commit, then a wait) proves every MMA finished before TMEM is read.
-- Hopper: the consumer warpgroup keeps one wgmma group in flight. After committing step i,
-  wgmma.wait_group(1) proves step i - 1 finished, so all 128 consumer threads arrive on
-  empty_barriers of step i - 1's slot (arrival count 128). wait_group(0) after the loop is
-  Hopper's flush barrier: the accumulator registers are final only after it.
+- Hopper: each consumer warpgroup keeps one wgmma group in flight. After committing step
+  i, wgmma.wait_group(1) proves step i - 1 finished, so its 128 threads arrive on
+  empty_barriers of step i - 1's slot. wait_group(0) after the loop is Hopper's flush
+  barrier: the accumulator registers are final only after it.
 
-Warps: Blackwell keeps 4 (producer, MMA warp, two that join only for the epilogue);
-Hopper uses 5, a consumer warpgroup (warps 0-3: a warpgroup starts at a warp index
-divisible by 4) and the producer warp 4. Shared memory is v2's: stages * slot bytes.
+On Hopper the producer feeds two consumer warpgroups, which split each A slot by rows and
+both read the whole B slot (arrival count 2 x 128 on empty_barriers). One warpgroup's
+registers cap its tile: a 128 x 256 fp32 accumulator over 128 threads would take 256
+registers each. Two consumers hold 64 x 256 each (128 registers), so the tile grows from
+128 x 128 to 128 x 256 and the bytes loaded per FLOP, (block_m + block_n) / (block_m *
+block_n) per K column, drop from 1/64 to 3/256. A producer that runs ahead on its own is
+what lets several consumers share one stream of loads; v2's single warpgroup could not.
+
+Warps: Blackwell keeps 4 (producer, MMA warp, and two more that join for the epilogue,
+which reads TMEM one row per thread). Hopper uses 9: consumer warpgroups on warps 0-3 and
+4-7 (a warpgroup starts at a warp index divisible by 4), the producer on warp 8. Shared
+memory is v2's ring, stages * (block_m + block_n) * block_k * 2 B, plus on Hopper each
+consumer's own output tile (2 x 32 KiB for 128 x 256): the consumers finish at different
+times, so neither may reuse the ring for its output while the other still reads it.
 
 What remains: the grid walks tiles row by row, so blocks running together share little
 of A and B in L2, and the ring bookkeeping is spelled out inline in every kernel. v4

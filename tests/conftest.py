@@ -1,0 +1,68 @@
+import importlib
+
+import pytest
+
+import harness
+
+STAGES = sorted(path.stem for path in harness.REPO.glob("matmul_v*.py"))
+ARCHS = sorted(harness.ARCHS)
+
+
+def no_gpu_reason() -> str | None:
+    try:
+        harness.gpu_arch()
+    except harness.UnsupportedGPUError as reason:
+        return str(reason)
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = no_gpu_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"needs a Hopper or Blackwell GPU: {reason}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def built():
+    """build(stage, arch) -> one harness.BuildResult per schedule, built once per session."""
+    results = {}
+
+    def build(stage: str, arch: str):
+        if (stage, arch) not in results:
+            kernel = importlib.import_module(stage).KERNELS[arch]
+            results[stage, arch] = harness.build_schedules(kernel, arch, progress=lambda line: None)
+        return results[stage, arch]
+
+    return build
+
+
+_DTYPE_BYTES = {"float16": 2, "float32": 4, "uint64": 8, "uint32": 4, "int32": 4, "uint8": 1}
+
+
+def shared_memory_map(source_cu: str) -> tuple[list[tuple[int, int]], tuple[int, int], int]:
+    """(tiles as (offset, bytes), barriers as (offset, bytes), dynamic shared bytes) of a generated kernel.
+
+    tilus writes each shared allocation as an IR comment followed by its address computation.
+    """
+    import re
+
+    tiles = [
+        (int(offset), int(size) * _DTYPE_BYTES[dtype])
+        for dtype, size, offset in re.findall(
+            r"AllocateShared\(\)  # shared, (\w+)\[[\d, ]+\], size=(\d+),.*?\n.*?\n\s*\w+ \*\w+ = "
+            r"tilus_cuda_dynamic_shared_memory_\w+\((\d+)\)",
+            source_cu,
+        )
+    ]
+    barrier_offset = int(re.search(r"barriers = .*?dynamic_shared_memory_uint64\((\d+)\)", source_cu).group(1))
+    barrier_count = len(re.findall(r"tilus_cuda_mbarrier_init_shared\(", source_cu.split("barriers = ", 1)[1].split("__syncthreads", 1)[0]))
+    dynamic = int(re.search(r", (\d+), \(cudaStream_t\)", source_cu).group(1))
+    return tiles, (barrier_offset, 8 * barrier_count), dynamic
+
+
+def overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]

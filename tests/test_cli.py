@@ -1,0 +1,53 @@
+"""The command line every stage shares (harness.main)."""
+
+import subprocess
+import sys
+
+import pytest
+from conftest import STAGES, no_gpu_reason
+
+import harness
+
+
+def run_stage(stage: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, f"{stage}.py", *args], cwd=harness.REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize("text, size", [("4096", (4096, 4096, 4096)), ("1000x1016x1024", (1000, 1016, 1024))])
+def test_parse_size(text, size):
+    assert harness.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["0", "12x4", "axbxc", "8x8x-8"])
+def test_bad_size_is_a_usage_error(text):
+    proc = run_stage("matmul_v1", "--sizes", text, "--check-only")
+    assert proc.returncode == 2
+    assert "expected N (for N x N x N) or MxNxK" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("arch", sorted(harness.ARCHS))
+def test_compile_only(stage, arch, built):
+    built(stage, arch)  # reuse the session's builds: the CLI finds them in the same cache
+    proc = run_stage(stage, "--compile-only", "--arch", arch)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    kernel = __import__(stage).KERNELS[arch]
+    count = harness.space_size(kernel)
+    assert f"{count}/{count} schedules built with {harness.ARCHS[arch].mma_instruction}" in proc.stdout
+
+
+@pytest.mark.skipif(no_gpu_reason() is None, reason="this machine has a Hopper or Blackwell GPU: the stage runs instead")
+def test_without_a_gpu_the_stage_says_so_and_builds(built):
+    for arch in harness.ARCHS:
+        built("matmul_v1", arch)
+    proc = run_stage("matmul_v1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first_line = proc.stdout.splitlines()[0]
+    assert first_line.startswith("No Hopper or Blackwell GPU here (")
+    assert "building v1 for sm_90a and sm_100a instead (compile-only)" in first_line
+    assert "schedules built with wgmma.mma_async" in proc.stdout
+    assert "schedules built with tcgen05.mma" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr

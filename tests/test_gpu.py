@@ -1,0 +1,101 @@
+"""GPU tests (marked `gpu`; skipped with the reason where there is no Hopper or Blackwell GPU).
+
+Every schedule of every stage, not only the tuned one, is checked in a child process under a
+timeout: a kernel that deadlocks fails its test with the kernel and schedule named instead
+of freezing the run.
+"""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import STAGES
+
+import harness
+
+pytestmark = pytest.mark.gpu
+
+# square sizes the results are quoted at, and shapes that are not tile multiples
+SHAPES = ["4096", "8192", "1000x1016x1024", "129x264x72", "3000x520x4104", "7x8x8"]
+
+
+def run_child(args: list[str], timeout: float) -> str:
+    try:
+        proc = subprocess.run(args, cwd=harness.REPO, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as hung:
+        output = hung.stdout.decode() if isinstance(hung.stdout, bytes) else (hung.stdout or "")
+        started = [line for line in output.splitlines() if line.startswith("START ")]
+        last = started[-1][len("START ") :] if started else "before the first launch (building?)"
+        pytest.fail(f"no result within {timeout} s; the last kernel started was {last}")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_schedule_is_correct(stage):
+    output = run_child([sys.executable, f"{stage}.py", "--all-schedules", "--timeout", "30", "--sizes", *SHAPES], 900)
+    assert " 0 wrong results" in output
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_stage_checks_and_times_against_cublas(stage):
+    output = run_child([sys.executable, f"{stage}.py", "--sizes", "1000x1016x1024", "--repeat", "10"], 600)
+    assert "% of cuBLAS" in output
+
+
+def test_matmul_matches_torch_and_fills_out():
+    import matmul_v1
+
+    a, b, ref = harness.random_inputs(333, 264, 520, seed=7)
+    out = torch.full((333, 264), float("nan"), dtype=torch.float16, device="cuda")
+    assert matmul_v1.matmul(a, b, out=out) is out
+    assert harness.passes(harness.relative_error(out, ref))
+    assert harness.passes(harness.relative_error(matmul_v1.matmul(a, b), ref))
+
+
+def test_gpu_only_input_rules():
+    import matmul_v1
+
+    a = torch.randn(64, 64, device="cuda").half()
+    with pytest.raises(ValueError, match="b is on the CPU"):
+        matmul_v1.matmul(a, a.cpu())
+    with pytest.raises(ValueError, match="must not share memory"):
+        matmul_v1.matmul(a, a, out=a)
+
+
+def test_a_deadlocked_kernel_fails_with_its_name_instead_of_hanging():
+    # producer starting at phase 0: it waits for the consumers, which wait for it
+    code = (
+        "import sys, harness, matmul_v3, tilus.lang.instructions.mbarrier as m; "
+        "m.BarrierInstructionGroup.producer_initial_phase = 0; "
+        "kernel = matmul_v3.HopperMatmulV3; "
+        "kernel.debug_schedule = dict(block_m=128, block_n=256, block_k=64, stages=3); "
+        "sys.exit(harness.main('v3', matmul_v3.KERNELS, matmul_v3.matmul, "
+        "['--all-schedules', '--timeout', '10', '--sizes', '256']))"
+    )
+    if harness.gpu_arch() != "hopper":
+        pytest.skip("the deadlocked kernel is the Hopper one")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=harness.REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3
+    assert "TIMEOUT: HopperMatmulV3 [block_m=128 block_n=256 block_k=64 stages=3] at 256x256x256" in proc.stderr
+
+
+def test_arch_mismatch_is_a_usage_error():
+    other = "blackwell" if harness.gpu_arch() == "hopper" else "hopper"
+    proc = subprocess.run(
+        [sys.executable, "matmul_v1.py", "--arch", other], cwd=harness.REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2 and "only works with --compile-only" in proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer is not installed")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+@pytest.mark.parametrize("stage", STAGES)
+def test_sanitizer_clean_at_a_small_size(stage, tool):
+    run_child([sys.executable, f"{stage}.py", "--all-schedules", "--sizes", "16"], 60)  # builds outside the sanitizer
+    args = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "1", sys.executable, f"{stage}.py"]
+    output = run_child([*args, "--all-schedules", "--timeout", "120", "--sizes", "129x264x72"], 900)
+    clean = {"memcheck": "ERROR SUMMARY: 0 errors", "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors"}
+    assert clean[tool] in output

@@ -490,7 +490,7 @@ def _run(version: str, kernels: dict, matmul, arch_name: str, args) -> int:
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False  # cuBLAS accumulates in fp32 too
     print(f"{version} on {gpu} ({ARCHS[arch_name].sm}, {script_cls.__name__}); "
           f"reference: fp32 torch matmul, tolerance {REL_ERR_TOL:g} relative Frobenius error")
-    rows, records, failures = [], [], 0
+    results = []
     for seed, (m, n, k) in enumerate(args.sizes):
         a, b, ref = random_inputs(m, n, k, seed)
         out = torch.full((m, n), math.nan, dtype=torch.float16, device="cuda")
@@ -498,36 +498,43 @@ def _run(version: str, kernels: dict, matmul, arch_name: str, args) -> int:
               f"{space_size(script_cls)} schedules (cached afterwards)...", flush=True)
         matmul(a, b, out)
         _wait(f"{script_cls.__name__} at {m}x{n}x{k}", args.timeout)
-        err = relative_error(out, ref)
-        failures += not passes(err)
-        schedule = format_schedule(chosen_schedule(script_cls, m, n, k))
-        if args.check_only or not passes(err):
-            rows.append([f"{m}x{n}x{k}", f"{err:.2e}", "ok" if passes(err) else "WRONG", schedule])
+        result = {"size": (m, n, k), "err": relative_error(out, ref),
+                  "schedule": format_schedule(chosen_schedule(script_cls, m, n, k))}
+        results.append(result)
+        if args.check_only or not passes(result["err"]):
             continue
         script, expected = script_cls(), torch.empty_like(out)
-        ms, cublas_ms = time_against_cublas(
+        result["ms"], result["cublas_ms"] = time_against_cublas(
             lambda: script(m, n, k, a, b, out), lambda: torch.matmul(a, b.T, out=expected), args.repeat
         )
-        cublas_err = relative_error(expected, ref)
-        pct = 100 * cublas_ms / ms
-        rows.append([f"{m}x{n}x{k}", f"{ms:.3f}", f"{tflops(m, n, k, ms):.1f}", f"{cublas_ms:.3f}",
-                     f"{tflops(m, n, k, cublas_ms):.1f}", f"{pct:.1f}", f"{err:.2e}", schedule])
-        common = {"gpu": gpu, "m": m, "n": n, "k": k, "tilus": tilus.__version__, "torch": torch.__version__,
-                  "date": datetime.date.today().isoformat()}
-        records.append(common | {"version": version, "ms": f"{ms:.4f}", "tflops": f"{tflops(m, n, k, ms):.1f}",
-                                 "pct_of_cublas": f"{pct:.1f}", "rel_err": f"{err:.2e}", "config": schedule})
-        records.append(common | {"version": "cublas", "ms": f"{cublas_ms:.4f}", "tflops": f"{tflops(m, n, k, cublas_ms):.1f}",
-                                 "pct_of_cublas": "100.0", "rel_err": f"{cublas_err:.2e}", "config": "torch.matmul"})
+        result["cublas_err"] = relative_error(expected, ref)
+
+    failures = sum(not passes(r["err"]) for r in results)
     if args.check_only or failures:
+        rows = [["x".join(map(str, r["size"])), f"{r['err']:.2e}", "ok" if passes(r["err"]) else "WRONG", r["schedule"]]
+                for r in results]
         print(_table(["size", "rel. error", "result", "schedule"], rows))
-    else:
-        print(f"median of {args.repeat} runs each, CUDA events, L2 flushed before every run, "
-              "cuBLAS timed in the same process on the same inputs, interleaved")
-        print(_table(["size", f"{version} ms", f"{version} TFLOPS", "cuBLAS ms", "cuBLAS TFLOPS", "% of cuBLAS",
-                      "rel. error", "schedule"], rows))
-    if args.save and records:
+        return 1 if failures else 0
+
+    rows, records = [], []
+    common = {"gpu": gpu, "tilus": tilus.__version__, "torch": torch.__version__, "date": datetime.date.today().isoformat()}
+    for r in results:
+        (m, n, k), ms, cublas_ms = r["size"], r["ms"], r["cublas_ms"]
+        ours, theirs, pct = tflops(m, n, k, ms), tflops(m, n, k, cublas_ms), 100 * cublas_ms / ms
+        rows.append([f"{m}x{n}x{k}", f"{ms:.3f}", f"{ours:.1f}", f"{cublas_ms:.3f}", f"{theirs:.1f}", f"{pct:.1f}",
+                     f"{r['err']:.2e}", r["schedule"]])
+        size = common | {"m": m, "n": n, "k": k}
+        records.append(size | {"version": version, "ms": f"{ms:.4f}", "tflops": f"{ours:.1f}",
+                               "pct_of_cublas": f"{pct:.1f}", "rel_err": f"{r['err']:.2e}", "config": r["schedule"]})
+        records.append(size | {"version": "cublas", "ms": f"{cublas_ms:.4f}", "tflops": f"{theirs:.1f}",
+                               "pct_of_cublas": "100.0", "rel_err": f"{r['cublas_err']:.2e}", "config": "torch.matmul"})
+    print(f"median of {args.repeat} runs each, CUDA events, L2 flushed before every run, "
+          "cuBLAS timed in the same process on the same inputs, interleaved")
+    print(_table(["size", f"{version} ms", f"{version} TFLOPS", "cuBLAS ms", "cuBLAS TFLOPS", "% of cuBLAS",
+                  "rel. error", "schedule"], rows))
+    if args.save:
         print(f"wrote {_save(records, gpu_slug(gpu)).relative_to(REPO)}")
-    return 1 if failures else 0
+    return 0
 
 
 def space_size(script_cls) -> int:

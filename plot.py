@@ -20,6 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
 
 import harness  # noqa: E402
 
@@ -141,7 +142,7 @@ def benchmark(sizes: list[str]) -> Path:
             failed.append(stage)
     if failed:
         raise SystemExit(f"not plotted: {', '.join(failed)} failed their check")
-    return harness.RESULTS_DIR / f"{harness.gpu_slug(harness.torch.cuda.get_device_name())}.csv"
+    return harness.RESULTS_DIR / f"{harness.gpu_slug(torch.cuda.get_device_name())}.csv"
 
 
 def main(argv=None) -> int:

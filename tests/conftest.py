@@ -1,4 +1,5 @@
 import importlib
+import re
 
 import pytest
 
@@ -48,8 +49,6 @@ def shared_memory_map(source_cu: str) -> tuple[list[tuple[int, int]], tuple[int,
 
     tilus writes each shared allocation as an IR comment followed by its address computation.
     """
-    import re
-
     tiles = [
         (int(offset), int(size) * _DTYPE_BYTES[dtype])
         for dtype, size, offset in re.findall(

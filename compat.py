@@ -15,8 +15,12 @@ import functools
 import tilus
 import tilus.backends.emitters.cuda.cp_async_tensor as _tma_emitter
 import tilus.hidet.transforms.hoist_loop_invariants as _hoist_pass
+import tilus.hidet.transforms.lower_fast_div as _fast_div_pass
 from tilus.backends.contexts.mbarrier_alloc_ctx import BarrierAllocContext
 from tilus.hidet.ir.builders.stmt_builder import StmtScope
+from tilus.hidet.ir.dtypes import uint32, uint64
+from tilus.hidet.ir.primitives.func import call_primitive_func, register_primitive_function
+from tilus.hidet.lang import attrs, script
 
 # The release whose defects are worked around here (pyproject.toml pins it).
 AFFECTED_TILUS = "0.2.0"
@@ -77,11 +81,71 @@ def _barriers_above_peak(finalize):
     return place_barriers
 
 
+def _register_fastdiv_magic():
+    """Host functions that compute a correct (multiplier, shift) pair for fast_divmod.
+
+    The kernel computes a // b as mulhi(a, multiplier) >> shift (a >> shift when the
+    multiplier is 0, for powers of two), with a >= 0 an int32, so a < 2**31. For such
+    dividends the round-up method of Granlund and Montgomery is exact: with
+    l = ceil(log2(b)), multiplier = floor(2**(31 + l) / b) + 1 fits in 32 bits, and
+    a // b = (a * multiplier) >> (31 + l) = mulhi(a, multiplier) >> (l - 1).
+    """
+
+    @script
+    def tutorial_fastdiv_multiplier(b: uint32) -> uint32:
+        attrs.func_kind = "cpu_internal"
+        if (b & (b - uint32(1))) == uint32(0):
+            return uint32(0)
+        log2_ceil: uint32 = 0
+        while (uint64(1) << uint64(log2_ceil)) < uint64(b):
+            log2_ceil = log2_ceil + uint32(1)
+        return uint32((uint64(1) << uint64(31 + log2_ceil)) / uint64(b) + uint64(1))
+
+    @script
+    def tutorial_fastdiv_shift(b: uint32) -> uint32:
+        attrs.func_kind = "cpu_internal"
+        log2_ceil: uint32 = 0
+        while (uint64(1) << uint64(log2_ceil)) < uint64(b):
+            log2_ceil = log2_ceil + uint32(1)
+        if (b & (b - uint32(1))) == uint32(0):
+            return log2_ceil
+        return log2_ceil - uint32(1)
+
+    for func in (tutorial_fastdiv_multiplier, tutorial_fastdiv_shift):
+        register_primitive_function(name=func.name, func_or_type=func)
+
+
+_register_fastdiv_magic()
+
+
+def _fastdiv_magic(precompute):
+    """Defect 4: ``fast_divmod`` divides wrongly by about a third of all divisors (7, 14, 19, 21, ...).
+
+    The host computes the magic multiplier for 32-bit unsigned dividends, which for those
+    divisors needs 33 bits; the top bit is dropped, and the kernel's quotient is wrong from
+    a = b on (7 // 7 gives 0). A grouped tile order divides by the number of column tiles:
+    N = 14336 with 256-column tiles is 56 of them, and whole tiles of C went unwritten on an
+    H100. Dividends are int32 and never negative, so a multiplier for 31-bit dividends
+    always fits (``_register_fastdiv_magic``); this swaps it in for both host functions.
+    """
+    name = {"fastdiv_precompute_m": "tutorial_fastdiv_multiplier", "fastdiv_precompute_s": "tutorial_fastdiv_shift"}[
+        precompute.__name__
+    ]
+
+    @functools.wraps(precompute)
+    def correct_precompute(b):
+        return call_primitive_func(name, args=[b])
+
+    return correct_precompute
+
+
 # name -> (owner, attribute, replacement factory)
 _WORKAROUNDS = {
     "hopper_tma_cta_group": (_tma_emitter, "cp_async_tensor_global_to_shared", _without_cta_group_before_blackwell),
     "hoisting_empty_let": (_hoist_pass, "StmtBuilder", _let_without_bindings),
     "barriers_above_peak": (BarrierAllocContext, "finalize", _barriers_above_peak),
+    "fastdiv_multiplier": (_fast_div_pass, "fastdiv_precompute_m", _fastdiv_magic),
+    "fastdiv_shift": (_fast_div_pass, "fastdiv_precompute_s", _fastdiv_magic),
 }
 _originals = {name: getattr(owner, attr) for name, (owner, attr, _) in _WORKAROUNDS.items()}
 _replacements = {name: make(_originals[name]) for name, (_, _, make) in _WORKAROUNDS.items()}

@@ -8,6 +8,8 @@ process (tilus memoises program directories) would hide the defect.
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -61,3 +63,74 @@ def test_defect_3_barriers_land_on_freed_tiles(tmp_path):
     source = open(os.path.join(result["module_dir"], "source.cu")).read()
     tiles, barriers, _ = shared_memory_map(source)
     assert any(overlaps(tile, barriers) for tile in tiles), (tiles, barriers)
+
+
+FASTDIV_CHECK = r"""
+#include <cstdint>
+#include <cstdio>
+#define __forceinline__ inline
+%(functions)s
+// what the kernel does with the two numbers (tilus_cuda_fastdiv_runtime: mul.hi.u32, shr.u32)
+static int32_t quotient(int32_t a, int32_t multiplier, int32_t shift) {
+  if (multiplier == 0) return a >> shift;
+  return (int32_t)((uint32_t)(((uint64_t)(uint32_t)a * (uint32_t)multiplier) >> 32) >> shift);
+}
+int main() {
+  long wrong = 0;
+  uint32_t first = 0;
+  for (int32_t b = 1; b <= 2048; ++b) {
+    int32_t m = (int32_t)%(multiplier)s((uint32_t)b), s = (int32_t)%(shift)s((uint32_t)b);
+    for (int32_t i = 0; i < 20000; ++i) {
+      int32_t small = i, large = 2147483647 - i;
+      if (quotient(small, m, s) != small / b || quotient(large, m, s) != large / b) {
+        wrong += 1;
+        if (!first) first = b;
+      }
+    }
+  }
+  printf("%%ld %%u\n", wrong, first);
+  return 0;
+}
+"""
+
+
+def fastdiv_errors(source_cu: str, tmp_path) -> tuple[int, int]:
+    """(wrong quotients, first wrong divisor) of the host functions a built kernel computes its magic numbers with."""
+    names = {
+        role: re.search(rf"fast_div_{role} = \(\(int32_t\)\((\w+)\(", source_cu).group(1) for role in ("m", "s")
+    }
+    functions = "\n".join(
+        re.search(rf"static __forceinline__ uint32_t {name}\(uint32_t b\) \{{.*?\n\}}", source_cu, re.S).group(0)
+        for name in names.values()
+    )
+    program = tmp_path / "fastdiv_check.cpp"
+    program.write_text(FASTDIV_CHECK % {"functions": functions, "multiplier": names["m"], "shift": names["s"]})
+    compiler = shutil.which("g++") or shutil.which("c++")
+    subprocess.run([compiler, "-O2", "-o", tmp_path / "fastdiv_check", program], check=True)
+    wrong, first = subprocess.run([tmp_path / "fastdiv_check"], capture_output=True, text=True, check=True).stdout.split()
+    return int(wrong), int(first)
+
+
+def build_probe(tmp_path, *disabled: str) -> str:
+    """source.cu of the tile-order probe (group_m = 8), built in a fresh interpreter and cache."""
+    code = f"""
+import contextlib, compat, harness, probe_kernels
+kernel = probe_kernels.TileOrderProbe
+kernel.debug_schedule = dict(group_m=8)
+with compat.disabled(*{disabled!r}) if {disabled!r} else contextlib.nullcontext():
+    (result,) = harness.build_schedules(kernel, "hopper", progress=lambda line: None, call_args=(7, 56, 0))
+assert result.ok, result.error
+print(result.module_dir)
+"""
+    paths = [str(harness.REPO / "tests"), os.environ.get("PYTHONPATH", "")]
+    env = os.environ | {"MATMUL_TUTORIAL_CACHE": str(tmp_path / "cache"), "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=harness.REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return open(os.path.join(proc.stdout.strip().splitlines()[-1], "source.cu")).read()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="needs a host C++ compiler")
+def test_defect_4_fast_divmod_magic_numbers_are_wrong_for_a_third_of_divisors(tmp_path):
+    wrong, first = fastdiv_errors(build_probe(tmp_path / "released", "fastdiv_multiplier", "fastdiv_shift"), tmp_path)
+    assert wrong > 0 and first == 7, (wrong, first)
+    assert fastdiv_errors(build_probe(tmp_path / "fixed"), tmp_path) == (0, 0)

@@ -5,6 +5,7 @@ timeout: a kernel that deadlocks fails its test with the kernel and schedule nam
 of freezing the run.
 """
 
+import os
 import shutil
 import subprocess
 import sys
@@ -17,8 +18,9 @@ import harness
 
 pytestmark = pytest.mark.gpu
 
-# square sizes the results are quoted at, and shapes that are not tile multiples
-SHAPES = ["4096", "8192", "1000x1016x1024", "129x264x72", "3000x520x4104", "7x8x8"]
+# square sizes the results are quoted at, shapes that are not tile multiples, and one whose
+# grouped tile order divides by 7 and 5 (fast_divmod, compat defect 4)
+SHAPES = ["4096", "8192", "1000x1016x1024", "129x264x72", "3000x520x4104", "7x8x8", "640x1792x128"]
 
 
 def run_child(args: list[str], timeout: float) -> str:
@@ -99,3 +101,58 @@ def test_sanitizer_clean_at_a_small_size(stage, tool):
     output = run_child([*args, "--all-schedules", "--timeout", "120", "--sizes", "129x264x72"], 900)
     clean = {"memcheck": "ERROR SUMMARY: 0 errors", "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors"}
     assert clean[tool] in output
+
+
+def run_probe(code: str, timeout: float = 300) -> str:
+    """Run probe kernels in a child process: a deadlocked ring fails the test instead of hanging it."""
+    paths = [str(harness.REPO), str(harness.REPO / "tests"), os.environ.get("PYTHONPATH", "")]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, paths))}
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=harness.REPO, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"no result within {timeout} s: a kernel hung")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("stages", range(1, 7))
+def test_pipeline_moves_data_through_many_phase_wraps(stages):
+    # 37 steps: every slot's barriers flip phase many times, and 37 is no multiple of any depth
+    output = run_probe(f"""
+import torch, harness, probe_kernels
+harness._use_cache(probe_kernels.PipelineCopy, harness._gpu_label())
+src = torch.randn(37 * 64, 64, device="cuda").half()
+dst = torch.full_like(src, float("nan"))
+probe_kernels.PipelineCopy({stages})(37, src, dst)
+harness._wait("PipelineCopy", 60)
+print("equal" if torch.equal(src, dst) else "DIFFERENT")
+""")
+    assert output.strip().endswith("equal"), output
+
+
+def test_grouped_order_visits_every_tile_exactly_once():
+    # every group size on grids with one tile, one row, one column, partial last groups, 7-multiples
+    from test_pipeline import GRIDS
+
+    output = run_probe(f"""
+import torch, harness, probe_kernels
+from test_pipeline import raster
+kernel = probe_kernels.TileOrderProbe
+harness._use_cache(kernel, harness._gpu_label())
+jit = kernel()._jit_instance_for(7, 56, 0)
+jit.programs()
+for compiled, index in zip(jit.compiled_programs, jit.valid_schedules):
+    group_m = jit.schedules[index]["group_m"]
+    for num_m, num_n in {GRIDS!r}:
+        order = torch.full((num_m, num_n), -1, dtype=torch.int32, device="cuda")
+        compiled.get_launch_func()(num_m, num_n, order)
+        harness._wait("TileOrderProbe", 60)
+        expected = [[-1] * num_n for _ in range(num_m)]
+        for block, (m, n) in enumerate(raster.grouped_order(num_m, num_n, group_m)):
+            expected[m][n] = block
+        ok = order.cpu().tolist() == expected
+        print(group_m, num_m, num_n, "ok" if ok else "WRONG")
+""")
+    lines = output.strip().splitlines()
+    assert len(lines) == 4 * len(GRIDS) and all(line.endswith(" ok") for line in lines), output

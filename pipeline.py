@@ -1,0 +1,92 @@
+"""Pipeline: the ring of shared-memory slots between a producer and its consumers, as one object.
+
+v3 wrote the ring out inline in every kernel: two barrier arrays, a stage index and a phase
+per side, and the rule that flips the phase when the stage wraps. From v4 on that
+bookkeeping lives here, and a kernel says only what each side does:
+
+    producer                                  consumer
+    pipe.producer_acquire(bytes)              pipe.consumer_acquire()
+    TMA loads into slot producer_stage,       multiply slot consumer_stage
+      completing on pipe.producer_barrier()   pipe.consumer_release()  (or _async, see below)
+    pipe.producer_advance()                   pipe.consumer_advance()
+
+The contract (who arrives on which barrier, how many times, and the phases):
+
+- ``full_barriers[s]``, "slot s holds data": arrival count 1. The producer's one thread
+  arrives with ``arrive_and_expect_tx(bytes)`` and the TMA engine completes the phase as the
+  bytes land. The consumer waits on it.
+- ``empty_barriers[s]``, "slot s may be overwritten": arrival count ``consumer_arrivals``,
+  chosen by the kernel for the way its consumers release a slot. The producer waits on it.
+  - Hopper: the slot is free once ``wgmma.wait_group`` proves the MMA that read it finished;
+    then every consumer thread arrives (``consumer_release``): 128 per consumer warpgroup.
+  - Blackwell: ``tcgen05.commit`` makes the tensor core itself arrive, once, when every MMA
+    issued so far has finished (``consumer_release_async``): count 1.
+- Phases: every barrier starts in phase 0 and a wait for phase p passes once phase p has
+  completed. The consumer starts at phase 0 (``consumer_initial_phase``): its first wait
+  blocks until the first load lands. The producer starts at phase 1
+  (``producer_initial_phase``): to a waiter, "phase 1" completed before the barrier began,
+  so the first trip round the ring passes at once and every slot starts empty. Each side
+  flips its phase when its stage index wraps to 0.
+- Release order: a consumer frees slots in the order it acquired them, but not always at
+  once: the Hopper consumer keeps one wgmma in flight, so it frees the slot of the
+  previous step. ``release_stage`` is the oldest slot the consumer still holds; each release
+  frees it and moves on. Arrivals need no phase, only the slot.
+
+The state lives in registers of whichever threads use it: the producer's threads only
+touch the producer fields, the consumers' only the consumer fields. Slots themselves (the
+A and B tiles) stay in the kernel, indexed by ``producer_stage`` or ``consumer_stage``.
+"""
+
+import tilus
+from tilus import RegisterTensor, int32, uint32
+
+
+class Pipeline(tilus.Class):
+    def __init__(self, stages: int, consumer_arrivals: int):
+        self.stages: int = stages
+        self.full_barriers = self.mbarrier.alloc(counts=[1] * stages)
+        self.empty_barriers = self.mbarrier.alloc(counts=[consumer_arrivals] * stages)
+        self.producer_stage: int32 = 0
+        self.producer_phase: uint32 = self.mbarrier.producer_initial_phase
+        self.consumer_stage: int32 = 0
+        self.consumer_phase: uint32 = self.mbarrier.consumer_initial_phase
+
+    def producer_start(self):
+        """Set the producer's cursor to slot 0, phase 1, where its loop begins (see the module docstring)."""
+        self.producer_stage = 0
+        self.producer_phase = self.mbarrier.producer_initial_phase
+
+    def producer_acquire(self, transaction_bytes: int):
+        """Wait until slot producer_stage is empty, then announce the bytes its loads will bring."""
+        self.mbarrier.wait(self.empty_barriers[self.producer_stage], phase=self.producer_phase)
+        with self.single_thread():
+            self.mbarrier.arrive_and_expect_tx(self.full_barriers[self.producer_stage], transaction_bytes)
+
+    def producer_barrier(self) -> RegisterTensor:
+        """The barrier the TMA loads into slot producer_stage complete on."""
+        return self.full_barriers[self.producer_stage]
+
+    def producer_advance(self):
+        self.producer_stage = (self.producer_stage + 1) % self.stages
+        self.producer_phase = self.producer_phase ^ (self.producer_stage == 0)
+
+    def consumer_start(self):
+        """Set a consumer's cursor to slot 0, phase 0, where its loop begins (see the module docstring)."""
+        self.consumer_stage = 0
+        self.consumer_phase = self.mbarrier.consumer_initial_phase
+
+    def consumer_acquire(self):
+        """Wait until slot consumer_stage is full."""
+        self.mbarrier.wait(self.full_barriers[self.consumer_stage], phase=self.consumer_phase)
+
+    def consumer_advance(self):
+        self.consumer_stage = (self.consumer_stage + 1) % self.stages
+        self.consumer_phase = self.consumer_phase ^ (self.consumer_stage == 0)
+
+    def consumer_release_previous(self):
+        """Free the slot before consumer_stage: each calling thread arrives on its empty barrier."""
+        self.mbarrier.arrive(self.empty_barriers[(self.consumer_stage + (self.stages - 1)) % self.stages])
+
+    def consumer_release_async(self):
+        """Free slot consumer_stage once the tensor core has finished every MMA issued so far."""
+        self.tcgen05.commit(mbarrier=self.empty_barriers[self.consumer_stage])

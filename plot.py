@@ -30,8 +30,30 @@ DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- results (\S+) (\S+) -->\n)(.*?)(<!-- /results -->)", re.S)
 
 
+# one or two shapes of each class a version is judged on (M x N x K; C = A @ B.T)
+BENCHMARK_SIZES = [
+    "4096", "8192",  # square
+    "4096x14336x4096", "4096x4096x14336",  # LLM-like: an MLP's up and down projection, 4096 tokens
+    "128x8192x8192", "256x14336x4096",  # skinny: M <= 256
+    "16384x1024x4096", "2048x2048x8192",  # few tiles: under 4 waves of 128 x 256 tiles on 132 SMs
+]
+
+
 def stages() -> list[str]:
     return sorted(path.stem for path in REPO.glob("matmul_v*.py"))
+
+
+def shape_class(m: int, n: int, k: int) -> str:
+    """The class a shape is judged in: square, LLM-like, skinny (M <= 256) or few tiles."""
+    if m <= 256:
+        return "skinny"
+    if m == n == k:
+        return "square"
+    if {n, k} & {11008, 14336}:
+        return "LLM-like"
+    if -(-m // 128) * -(-n // 256) < 4 * 132:
+        return "few tiles"
+    return "other"
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -43,9 +65,22 @@ def _size(row: dict) -> str:
     return f"{row['m']}x{row['n']}x{row['k']}"
 
 
+CLASS_ORDER = ["square", "LLM-like", "skinny", "few tiles", "other"]
+
+
+def _ordered_sizes(rows: list[dict]) -> list[str]:
+    """Sizes grouped by shape class, then by M, N, K."""
+
+    def key(size: str):
+        m, n, k = (int(x) for x in size.split("x"))
+        return CLASS_ORDER.index(shape_class(m, n, k)), m, n, k
+
+    return sorted({_size(r) for r in rows}, key=key)
+
+
 def results_table(rows: list[dict], versions: list[str]) -> str:
     """Markdown table of the versions' results, cuBLAS last; one version also shows its schedule."""
-    sizes = sorted({_size(r) for r in rows}, key=lambda s: [int(x) for x in s.split("x")])
+    sizes = _ordered_sizes(rows)
     by_key = {(r["version"], _size(r)): r for r in rows}
     if len(versions) == 1:
         (version,) = versions
@@ -58,18 +93,22 @@ def results_table(rows: list[dict], versions: list[str]) -> str:
                     f"{ours['rel_err']} | `{ours['config']}` |"
                 )
     else:
-        lines = ["| stage | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
-        for version in [*versions, "cublas"]:
+        names = ["cuBLAS" if v == "cublas" else v for v in [*versions, "cublas"]]
+        lines = ["| class | size | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+        for size in sizes:
             cells = []
-            for size in sizes:
+            for version in [*versions, "cublas"]:
                 row = by_key.get((version, size))
                 if row is None:
                     cells.append("-")
                 elif version == "cublas":
                     cells.append(f"{row['tflops']} TFLOPS")
                 else:
-                    cells.append(f"{row['tflops']} TFLOPS ({row['pct_of_cublas']}%)")
-            lines.append(f"| {'cuBLAS' if version == 'cublas' else version} | " + " | ".join(cells) + " |")
+                    cells.append(f"{row['tflops']} ({row['pct_of_cublas']}%)")
+            m, n, k = (int(x) for x in size.split("x"))
+            lines.append(f"| {shape_class(m, n, k)} | {size} | " + " | ".join(cells) + " |")
+        lines.append("")
+        lines.append("Each cell: TFLOPS (% of cuBLAS in the same run).")
     gpus = sorted({r["gpu"] for r in rows})
     dates = sorted({r["date"] for r in rows})
     lines.append("")
@@ -102,10 +141,10 @@ def update_documents(csv_dir: Path = harness.RESULTS_DIR, documents: list[Path] 
 
 def plot(rows: list[dict], slug: str, out_dir: Path = FIGURES) -> list[Path]:
     versions = sorted({r["version"] for r in rows} - {"cublas"}) + ["cublas"]
-    sizes = sorted({_size(r) for r in rows}, key=lambda s: [int(x) for x in s.split("x")])
+    sizes = _ordered_sizes(rows)
     by_key = {(r["version"], _size(r)): r for r in rows}
     plt.rcParams["svg.hashsalt"] = "tilus-gemm-tutorial"
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    fig, ax = plt.subplots(figsize=(max(8, 1.4 * len(sizes)), 3.8))
     width = 0.8 / len(versions)
     for i, version in enumerate(versions):
         xs, heights, labels = [], [], []
@@ -117,8 +156,9 @@ def plot(rows: list[dict], slug: str, out_dir: Path = FIGURES) -> list[Path]:
                 labels.append("" if version == "cublas" else f"{float(row['pct_of_cublas']):.0f}%")
         color = "0.35" if version == "cublas" else None
         bars = ax.bar(xs, heights, width, label="cuBLAS" if version == "cublas" else version, color=color)
-        ax.bar_label(bars, labels=labels, fontsize=7, padding=2)
-    ax.set_xticks(range(len(sizes)), sizes)
+        ax.bar_label(bars, labels=labels, fontsize=6, padding=2)
+    tick_labels = [f"{size}\n{shape_class(*(int(x) for x in size.split('x')))}" for size in sizes]
+    ax.set_xticks(range(len(sizes)), tick_labels, fontsize=7)
     ax.set_ylabel("TFLOPS")
     gpu = rows[0]["gpu"]
     ax.set_title(f"fp16 GEMM C = A @ B.T on {gpu}: each stage and cuBLAS (labels: % of cuBLAS, same run)", fontsize=9)
@@ -148,7 +188,8 @@ def benchmark(sizes: list[str]) -> Path:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from", dest="source", type=Path, help="plot this results CSV instead of benchmarking")
-    parser.add_argument("--sizes", nargs="+", default=harness.DEFAULT_SIZES, help="sizes to benchmark (N or MxNxK)")
+    parser.add_argument("--sizes", nargs="+", default=BENCHMARK_SIZES,
+                        help="sizes to benchmark (N or MxNxK); default: one or two of each shape class")
     args = parser.parse_args(argv)
     sources = [args.source] if args.source else []
     if not sources:

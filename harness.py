@@ -324,7 +324,7 @@ def _warm_up_gpu(a: torch.Tensor, b: torch.Tensor, seconds: float = 0.3) -> None
         torch.cuda.synchronize()
 
 
-def rank_schedules(jit, launch_args: tuple, progress=print) -> list[tuple[float, int]]:
+def rank_schedules(jit, launch_args: tuple) -> list[tuple[float, int]]:
     """(median ms, program index) for every built schedule, fastest first.
 
     Pass 1 times every schedule (median of TUNE_QUICK_RUNS, L2 flushed before each run);

@@ -13,21 +13,22 @@ while they multiply, no load is in flight. The arithmetic for block 128 x 128 x 
 
     bytes per K step   (128 + 128) * 64 * 2 B          = 32 KiB of shared memory
     work per K step    2 * 128 * 128 * 64               = 2.1 MFLOP
-    tensor-core time   2.1 MFLOP / ~4096 FLOP/cycle/SM  = ~512 cycles (H100: 989 TFLOPS,
-                                                          132 SMs, 1.83 GHz)
-    load latency       a TMA round trip to L2/HBM is ~1 us, i.e. ~1000+ cycles
+    tensor-core time   2.1 MFLOP / ~4096 FLOP/cycle/SM  = ~512 cycles
+                       (H100: 989 TFLOPS / (132 SMs * 1.83e9 cycles/s) = 4094 FLOP/cycle/SM)
+    load latency       a TMA round trip to L2/HBM, ~1 us = ~1800 cycles
+                       (1e-6 s * 1.83e9 cycles/s = 1830)
 
-so one block alone keeps its SM's tensor cores busy well under half the time. What v1 gets
-beyond that comes from several blocks sharing an SM and taking turns: 32 KiB of shared
-memory per block would allow 7, but the Hopper accumulator (128 x 128 fp32 over 128
-threads = 128 registers per thread) limits residency to about 3. v2 overlaps loads and
-MMAs inside one block.
+so one block alone keeps its SM's tensor cores busy about a fifth of the time: 512 /
+(1800 + 512) = ~22%. What v1 gets beyond that comes from several blocks sharing an SM and
+taking turns: 32 KiB of shared memory per block would allow 7, but the Hopper accumulator
+(128 x 128 fp32 over 128 threads = 128 registers per thread) limits residency to about 3.
+v2 overlaps loads and MMAs inside one block.
 
 Hopper and Blackwell differ in where the accumulator lives: wgmma accumulates in the
 registers of the issuing warpgroup, tcgen05.mma in tensor memory (TMEM), which a single
 thread issues for and which the epilogue copies out through registers.
 
-Constraints (checked by harness.check_inputs): fp16, contiguous, K and N multiples of 8
+Constraints (checked by support/checks.py): fp16, contiguous, K and N multiples of 8
 (TMA needs 16-byte row strides); any M, N, K otherwise: TMA fills out-of-range reads with
 zeros and drops out-of-range writes, so ragged edges need no special code.
 
@@ -42,7 +43,7 @@ from tilus import float16, float32, int32, uint32
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
-import harness
+import support
 
 
 # block_m = 128: the tcgen05.mma shape for one CTA; block_n up to 256 (TMEM columns used).
@@ -70,21 +71,25 @@ class BlackwellMatmulV1(tilus.Script):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
 
+        # 1. the tile of C this block computes
         offset_m: int32 = self.block_m * self.blockIdx.x
         offset_n: int32 = self.block_n * self.blockIdx.y
 
+        # 2. operands: global views, shared tiles, the accumulator
         g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
         g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
         s_a = self.shared_tensor(dtype=float16, shape=[self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=float16, shape=[self.block_n, self.block_k])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
+        # 3. barriers
         # one barrier for "the TMA bytes arrived", one for "the MMA finished"
         tma_barrier, mma_barrier = self.mbarrier.alloc(counts=[1, 1]).tolist()
         phase: uint32 = 0  # both barriers complete once per K step, so one phase bit serves both
         self.sync()
 
-        for offset_k in range(0, k_size, self.block_k):
+        # 4. the K loop: load a step, wait for it, multiply, wait for the multiply
+        for offset_k in self.range(0, k_size, self.block_k):
             with self.single_warp():
                 with self.single_thread():
                     self.mbarrier.arrive_and_expect_tx(tma_barrier, transaction_bytes=s_a.nbytes + s_b.nbytes)
@@ -99,7 +104,7 @@ class BlackwellMatmulV1(tilus.Script):
             self.sync()
             phase ^= 1
 
-        # epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
+        # 5. epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
         g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
         s_c = self.shared_tensor(dtype=float16, shape=[self.block_m, self.e_block_n])
         for e_offset_n in range(0, self.block_n, self.e_block_n):
@@ -144,19 +149,23 @@ class HopperMatmulV1(tilus.Script):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4  # one warpgroup: wgmma is issued by 4 warps together
 
+        # 1. the tile of C this block computes
         offset_m: int32 = self.block_m * self.blockIdx.x
         offset_n: int32 = self.block_n * self.blockIdx.y
 
+        # 2. operands: global views, shared tiles, the accumulator
         g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
         g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
         s_a = self.shared_tensor(dtype=float16, shape=[self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=float16, shape=[self.block_n, self.block_k])
         acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
 
+        # 3. barriers
         tma_barrier = self.mbarrier.alloc(counts=[1])
         phase: uint32 = 0
 
-        for offset_k in range(0, k_size, self.block_k):
+        # 4. the K loop: load a step, wait for it, multiply, wait for the multiply
+        for offset_k in self.range(0, k_size, self.block_k):
             with self.single_warp():
                 with self.single_thread():
                     self.mbarrier.arrive_and_expect_tx(tma_barrier, transaction_bytes=s_a.nbytes + s_b.nbytes)
@@ -171,7 +180,7 @@ class HopperMatmulV1(tilus.Script):
             self.sync()
             phase ^= 1
 
-        # epilogue: registers -> shared -> global (TMA), as on Blackwell; the output tile
+        # 5. epilogue: registers -> shared -> global (TMA), as on Blackwell; the output tile
         # reuses the operand tiles' shared memory, which no MMA or load touches any more
         self.free_shared(s_a)
         self.free_shared(s_b)
@@ -196,8 +205,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
 
     Raises TypeError/ValueError naming the rule for input the kernels cannot take.
     """
-    return harness.launch(KERNELS, a, b, out)
+    return support.launch(KERNELS, a, b, out)
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main("v1", KERNELS, matmul))
+    sys.exit(support.main("v1", KERNELS, matmul))

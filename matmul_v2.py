@@ -27,8 +27,10 @@ Shared-memory budget (227 KiB per block) for block_k = 64:
     Blackwell    stages * 48 KiB + 8 KiB epilogue tile: at most 4 slots for 128 x 256
 
 More slots hide more latency but leave fewer blocks per SM to hide each other's epilogues;
-the autotuner picks. With a load ~1000+ cycles away and a 128 x 128 x 64 step taking ~512
-tensor-core cycles (see v1), two to three slots in flight are needed to cover it.
+the autotuner picks. With a load ~1800 cycles away (~1 us at 1.83 GHz, see v1) and a
+128 x 128 x 64 step taking ~512 tensor-core cycles, 1800 / 512 = ~3.5 steps must be
+loading while one is multiplied: one block on its own would need a ring of about 5 slots
+(docs/timeline.py models both kernels); with fewer, other blocks on the SM fill the gaps.
 
 What remains: on Blackwell the single warp still waits for each MMA before the next; on
 Hopper the same warps that multiply also issue the loads and meet at a barrier every step.
@@ -45,7 +47,7 @@ from tilus import float16, float32, int32, uint32
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
-import harness
+import support
 
 
 # block_m = 128: the tcgen05.mma shape for one CTA; block_n up to 256 (TMEM columns used).
@@ -75,67 +77,68 @@ class BlackwellMatmulV2(tilus.Script):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
 
+        # 1. the tile of C this block computes
         offset_m: int32 = self.block_m * self.blockIdx.x
         offset_n: int32 = self.block_n * self.blockIdx.y
 
+        # 2. operands: global views, shared tiles, the accumulator
         g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
         g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
         s_a = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
+        # 3. barriers
         # one "the TMA bytes arrived" barrier per slot, one "the MMA finished" barrier
         full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)
         mma_barrier = self.mbarrier.alloc(counts=[1])
-        num_k_steps: int32 = cdiv(k_size, self.block_k)
         self.sync()
 
+        # 4. the K loop: a prologue fills the ring; each step refills the slot its MMA used
         with self.single_warp():
-            # prologue: one load in flight per slot
             for s in range(self.stages):
-                if s < num_k_steps:
+                if s * self.block_k < k_size:
                     with self.single_thread():
                         self.mbarrier.arrive_and_expect_tx(
                             full_barriers[s], transaction_bytes=s_a[s].nbytes + s_b[s].nbytes
                         )
-                    offset_k = s * self.block_k
                     self.tma.global_to_shared(
-                        src=g_a, dst=s_a[s], offsets=[offset_m, offset_k], mbarrier=full_barriers[s]
+                        src=g_a, dst=s_a[s], offsets=[offset_m, s * self.block_k], mbarrier=full_barriers[s]
                     )
                     self.tma.global_to_shared(
-                        src=g_b, dst=s_b[s], offsets=[offset_n, offset_k], mbarrier=full_barriers[s]
+                        src=g_b, dst=s_b[s], offsets=[offset_n, s * self.block_k], mbarrier=full_barriers[s]
                     )
 
             stage: int32 = 0
             phase: uint32 = 0  # flips each time stage wraps: the barriers alternate phases per trip
             mma_phase: uint32 = 0
-            for k_step in self.range(num_k_steps, unroll=self.stages):
+            for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
                 self.mbarrier.wait(full_barriers[stage], phase=phase)
 
                 # the first step overwrites TMEM, which starts with garbage
-                self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=k_step != 0)
+                self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=offset_k != 0)
                 self.tcgen05.commit(mbarrier=mma_barrier)
                 self.mbarrier.wait(mma_barrier, phase=mma_phase)
                 mma_phase ^= 1
 
                 # the MMA is done with this slot: refill it with the step `stages` ahead
-                if k_step + self.stages < num_k_steps:
+                refill_k = offset_k + self.stages * self.block_k
+                if refill_k < k_size:
                     with self.single_thread():
                         self.mbarrier.arrive_and_expect_tx(
                             full_barriers[stage], transaction_bytes=s_a[stage].nbytes + s_b[stage].nbytes
                         )
-                    offset_k = (k_step + self.stages) * self.block_k
                     self.tma.global_to_shared(
-                        src=g_a, dst=s_a[stage], offsets=[offset_m, offset_k], mbarrier=full_barriers[stage]
+                        src=g_a, dst=s_a[stage], offsets=[offset_m, refill_k], mbarrier=full_barriers[stage]
                     )
                     self.tma.global_to_shared(
-                        src=g_b, dst=s_b[stage], offsets=[offset_n, offset_k], mbarrier=full_barriers[stage]
+                        src=g_b, dst=s_b[stage], offsets=[offset_n, refill_k], mbarrier=full_barriers[stage]
                     )
                 stage = (stage + 1) % self.stages
                 phase ^= stage == 0
         self.sync()
 
-        # epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
+        # 5. epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
         g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
         s_c = self.shared_tensor(dtype=float16, shape=[self.block_m, self.e_block_n])
         for e_offset_n in range(0, self.block_n, self.e_block_n):
@@ -187,59 +190,61 @@ class HopperMatmulV2(tilus.Script):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4  # one warpgroup: wgmma is issued by 4 warps together
 
+        # 1. the tile of C this block computes
         offset_m: int32 = self.block_m * self.blockIdx.x
         offset_n: int32 = self.block_n * self.blockIdx.y
 
+        # 2. operands: global views, shared tiles, the accumulator
         g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
         g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
         s_a = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
         acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
 
+        # 3. barriers
         full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)
-        num_k_steps: int32 = cdiv(k_size, self.block_k)
 
-        # prologue: loads in flight for all slots but one; that one is refilled in step 0
+        # 4. the K loop: a prologue fills all slots but one; each step refills the slot the
+        # step before used (that one is still in the ring at step 0)
         with self.single_warp():
             for s in range(self.stages - 1):
-                if s < num_k_steps:
+                if s * self.block_k < k_size:
                     with self.single_thread():
                         self.mbarrier.arrive_and_expect_tx(
                             full_barriers[s], transaction_bytes=s_a[s].nbytes + s_b[s].nbytes
                         )
-                    offset_k = s * self.block_k
                     self.tma.global_to_shared(
-                        src=g_a, dst=s_a[s], offsets=[offset_m, offset_k], mbarrier=full_barriers[s]
+                        src=g_a, dst=s_a[s], offsets=[offset_m, s * self.block_k], mbarrier=full_barriers[s]
                     )
                     self.tma.global_to_shared(
-                        src=g_b, dst=s_b[s], offsets=[offset_n, offset_k], mbarrier=full_barriers[s]
+                        src=g_b, dst=s_b[s], offsets=[offset_n, s * self.block_k], mbarrier=full_barriers[s]
                     )
 
         stage: int32 = 0
         phase: uint32 = 0  # flips each time stage wraps: the barriers alternate phases per trip
         refill_stage: int32 = self.stages - 1
-        for k_step in self.range(num_k_steps, unroll=self.stages):
+        for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
             self.mbarrier.wait(full_barriers[stage], phase=phase)
 
             self.wgmma.fence()
             self.wgmma.mma(s_a[stage], s_b[stage].transpose(), acc)
             self.wgmma.commit_group()
-            self.wgmma.wait_group(1)  # step k_step may still run; step k_step - 1 has finished
+            self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
             self.sync()  # ... in every warp of the group, so its slot (refill_stage) is free
 
-            if k_step + self.stages - 1 < num_k_steps:
+            refill_k = offset_k + (self.stages - 1) * self.block_k
+            if refill_k < k_size:
                 with self.single_warp():
                     with self.single_thread():
                         self.mbarrier.arrive_and_expect_tx(
                             full_barriers[refill_stage],
                             transaction_bytes=s_a[refill_stage].nbytes + s_b[refill_stage].nbytes,
                         )
-                    offset_k = (k_step + self.stages - 1) * self.block_k
                     self.tma.global_to_shared(
-                        src=g_a, dst=s_a[refill_stage], offsets=[offset_m, offset_k], mbarrier=full_barriers[refill_stage]
+                        src=g_a, dst=s_a[refill_stage], offsets=[offset_m, refill_k], mbarrier=full_barriers[refill_stage]
                     )
                     self.tma.global_to_shared(
-                        src=g_b, dst=s_b[refill_stage], offsets=[offset_n, offset_k], mbarrier=full_barriers[refill_stage]
+                        src=g_b, dst=s_b[refill_stage], offsets=[offset_n, refill_k], mbarrier=full_barriers[refill_stage]
                     )
             refill_stage = stage
             stage = (stage + 1) % self.stages
@@ -247,7 +252,7 @@ class HopperMatmulV2(tilus.Script):
         self.wgmma.wait_group(0)
         self.sync()  # every warp's last wgmma is done before its slots are reused below
 
-        # epilogue: registers -> shared -> global (TMA), as on Blackwell; the output tile
+        # 5. epilogue: registers -> shared -> global (TMA), as on Blackwell; the output tile
         # reuses the operand tiles' shared memory, which no MMA or load touches any more
         self.free_shared(s_a)
         self.free_shared(s_b)
@@ -272,8 +277,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
 
     Raises TypeError/ValueError naming the rule for input the kernels cannot take.
     """
-    return harness.launch(KERNELS, a, b, out)
+    return support.launch(KERNELS, a, b, out)
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main("v2", KERNELS, matmul))
+    sys.exit(support.main("v2", KERNELS, matmul))

@@ -57,7 +57,7 @@ from tilus import GlobalTensor, RegisterTensor, SharedTensor, float16, float32, 
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
-import harness
+import support
 
 
 # block_m = 128: the tcgen05.mma shape for one CTA; block_n up to 256 (TMEM columns used).
@@ -87,20 +87,24 @@ class BlackwellMatmulV3(tilus.Script):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
 
+        # 1. the tile of C this block computes
         offset_m: int32 = self.block_m * self.blockIdx.x
         offset_n: int32 = self.block_n * self.blockIdx.y
 
+        # 2. operands: global views, shared tiles, the accumulator
         g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
         g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
         s_a = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
+        # 3. barriers
         full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)  # a slot's loads landed
         empty_barriers = self.mbarrier.alloc(counts=[1] * self.stages)  # a slot's MMA finished
         flush_barrier = self.mbarrier.alloc(counts=[1])
         self.sync()
 
+        # 4. the K loop, one per role
         with self.thread_group(thread_begin=0, num_threads=32):  # producer: the TMA warp
             stage: int32 = 0
             producer_phase: uint32 = self.mbarrier.producer_initial_phase  # 1: every slot starts empty
@@ -136,7 +140,7 @@ class BlackwellMatmulV3(tilus.Script):
             self.mbarrier.wait(flush_barrier, phase=0)
         self.sync()
 
-        # epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
+        # 5. epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
         g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
         s_c = self.shared_tensor(dtype=float16, shape=[self.block_m, self.e_block_n])
         for e_offset_n in range(0, self.block_n, self.e_block_n):
@@ -187,18 +191,22 @@ class HopperMatmulV3(tilus.Script):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 9  # consumer warpgroups (warps 0-3, 4-7) + producer warp (warp 8)
 
+        # 1. the tile of C this block computes
         offset_m: int32 = self.block_m * self.blockIdx.x
         offset_n: int32 = self.block_n * self.blockIdx.y
 
+        # 2. operands: global views, shared tiles, the accumulator
         g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
         g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
         # A's slot holds one half per consumer; both consumers read the whole B slot
         s_a = self.shared_tensor(dtype=float16, shape=[self.stages, 2, self.consumer_m, self.block_k])
         s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
 
+        # 3. barriers
         full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)  # a slot's loads landed
         empty_barriers = self.mbarrier.alloc(counts=[256] * self.stages)  # both consumers are done with it
 
+        # 4. the K loop, one per role: the producer here, each consumer in consumer()
         with self.thread_group(thread_begin=256, num_threads=32):  # producer: the TMA warp
             stage: int32 = 0
             producer_phase: uint32 = self.mbarrier.producer_initial_phase  # 1: every slot starts empty
@@ -256,7 +264,7 @@ class HopperMatmulV3(tilus.Script):
                 consumer_phase ^= stage == 0
             self.wgmma.wait_group(0)  # Hopper's flush: the accumulator is final only now
 
-            # epilogue: registers -> shared -> global (TMA), each warpgroup its own rows
+            # 5. epilogue: registers -> shared -> global (TMA), each warpgroup its own rows
             s_c = self.shared_tensor(dtype=float16, shape=[self.consumer_m, self.block_n])
             # row-major, unswizzled: one TMA box for the whole tile (a 128-byte swizzle caps a box at 64 columns)
             self.annotate_layout(s_c, shared_row_major(self.consumer_m, self.block_n))
@@ -279,8 +287,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
 
     Raises TypeError/ValueError naming the rule for input the kernels cannot take.
     """
-    return harness.launch(KERNELS, a, b, out)
+    return support.launch(KERNELS, a, b, out)
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main("v3", KERNELS, matmul))
+    sys.exit(support.main("v3", KERNELS, matmul))

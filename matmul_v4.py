@@ -38,8 +38,8 @@ Three changes from v3; the numbers are % of cuBLAS on an H100, measured in one p
    128 x 128 tiles (one or two blocks per SM) and 256 x 128 were measured and lost on
    every shape to one of these.
 
-The pick: tilus 0.2.0 times its candidates from idle clocks, five runs each; the harness
-ranks them itself on a warm GPU (``harness.rank_schedules``) and hands tilus the winner.
+The pick: tilus 0.2.0 times its candidates from idle clocks, five runs each; support/
+ranks them itself on a warm GPU (``dispatch.rank_schedules``) and hands tilus the winner.
 
 What remains: a block ends by storing its tile of C and waiting until the TMA engine has
 read it; only then can the next block start on that SM. At 4096^3, about 47 us a tile,
@@ -58,7 +58,7 @@ from tilus import GlobalTensor, RegisterTensor, SharedTensor, float16, float32, 
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
-import harness
+import support
 from pipeline import Pipeline
 
 
@@ -120,20 +120,24 @@ class BlackwellMatmulV4(GroupedTileOrder, tilus.Script):
         self.attrs.blocks = num_m * num_n  # one dimension: grouped_tile picks the tile
         self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
 
+        # 1. the tile of C this block computes
         tile_m, tile_n = self.grouped_tile(num_m, num_n)
         offset_m: int32 = self.block_m * tile_m
         offset_n: int32 = self.block_n * tile_n
 
+        # 2. operands: global views, shared tiles, the accumulator
         g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
         g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
         s_a = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
+        # 3. barriers
         pipe = Pipeline(self.stages, consumer_arrivals=1)  # the tensor core arrives once per slot
         flush_barrier = self.mbarrier.alloc(counts=[1])
         self.sync()
 
+        # 4. the K loop, one per role
         with self.thread_group(thread_begin=0, num_threads=32):  # producer: the TMA warp
             pipe.producer_start()
             for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
@@ -163,7 +167,7 @@ class BlackwellMatmulV4(GroupedTileOrder, tilus.Script):
             self.mbarrier.wait(flush_barrier, phase=0)
         self.sync()
 
-        # epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
+        # 5. epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
         g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
         s_c = self.shared_tensor(dtype=float16, shape=[self.block_m, self.e_block_n])
         for e_offset_n in range(0, self.block_n, self.e_block_n):
@@ -217,18 +221,22 @@ class HopperMatmulV4(GroupedTileOrder, tilus.Script):
         self.attrs.blocks = num_m * num_n  # one dimension: grouped_tile picks the tile
         self.attrs.warps = 9  # consumer warpgroups (warps 0-3, 4-7) + producer warp (warp 8)
 
+        # 1. the tile of C this block computes
         tile_m, tile_n = self.grouped_tile(num_m, num_n)
         offset_m: int32 = self.block_m * tile_m
         offset_n: int32 = self.block_n * tile_n
 
+        # 2. operands: global views, shared tiles, the accumulator
         g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
         g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
         # A's slot holds one half per consumer; both consumers read the whole B slot
         s_a = self.shared_tensor(dtype=float16, shape=[self.stages, 2, self.consumer_m, self.block_k])
         s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
 
+        # 3. barriers
         pipe = Pipeline(self.stages, consumer_arrivals=256)  # every thread of both consumers arrives
 
+        # 4. the K loop, one per role: the producer here, each consumer in consumer()
         with self.thread_group(thread_begin=256, num_threads=32):  # producer: the TMA warp
             pipe.producer_start()
             for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
@@ -284,7 +292,7 @@ class HopperMatmulV4(GroupedTileOrder, tilus.Script):
             # released: the producer has nothing more to load into it.
             self.wgmma.wait_group(0)
 
-            # epilogue: registers -> shared -> global (TMA). The consumers take turns with one
+            # 5. epilogue: registers -> shared -> global (TMA). The consumers take turns with one
             # output tile: warpgroup 1 waits until the TMA engine has read warpgroup 0's rows.
             if warpgroup == 1:
                 self.mbarrier.wait(s_c_free, phase=0)
@@ -310,8 +318,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
 
     Raises TypeError/ValueError naming the rule for input the kernels cannot take.
     """
-    return harness.launch(KERNELS, a, b, out)
+    return support.launch(KERNELS, a, b, out)
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main("v4", KERNELS, matmul))
+    sys.exit(support.main("v4", KERNELS, matmul))

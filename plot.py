@@ -1,12 +1,21 @@
-"""Benchmark every stage against cuBLAS, or re-plot measured results; regenerate the results tables.
+"""Benchmark every stage against cuBLAS (and a Triton peer), or re-plot measured results.
 
-    python plot.py                            on a Hopper/Blackwell GPU: time v1..vN and cuBLAS
-                                              (each stage's CLI with --save), then plot
-    python plot.py --from results/h100.csv    no GPU needed: plot and tables from that CSV
+    python plot.py                            on a Hopper/Blackwell GPU: time v1..vN and cuBLAS on
+                                              one or two shapes of each class and on square sizes
+                                              from 512 to 16384 (each stage's CLI with --save)
+    python plot.py --peer                     also time the Triton GEMM torch reaches (below)
+    python plot.py --from results/h100.csv    no GPU needed: figures and tables from that CSV
 
-Writes docs/figures/perf_<gpu>.svg and .png, and rewrites every results table in README.md
-and docs/*.md that sits between ``<!-- results <gpu> <versions> -->`` and
-``<!-- /results -->`` from the CSV, so no measured number is typed by hand.
+The peer is what a user would pick instead of hand-written kernels: ``torch.compile`` of
+``a @ b.T`` with ``mode="max-autotune-no-cudagraphs"``, Inductor restricted to its Triton
+GEMM templates with the persistent TMA template enabled, timed like every stage (same
+timer, cuBLAS in the same run, rows with version ``triton``).
+
+Writes docs/figures/perf_<gpu>.* (bars, one group per shape of each class), sizes_<gpu>.*
+(TFLOPS across square sizes) and classes_<gpu>.* (a panel per shape class), each with the
+GPU's dense fp16 peak where known, and rewrites every results table in README.md and
+docs/*.md that sits between ``<!-- results <gpu> <versions> -->`` and ``<!-- /results -->``,
+so no measured number is typed by hand.
 """
 
 import argparse
@@ -22,21 +31,29 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-import harness  # noqa: E402
+from support import cache, cli, gpu, measure  # noqa: E402
 
-REPO = harness.REPO
+REPO = cache.REPO
 FIGURES = REPO / "docs" / "figures"
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- results (\S+) (\S+) -->\n)(.*?)(<!-- /results -->)", re.S)
 
 
 # one or two shapes of each class a version is judged on (M x N x K; C = A @ B.T)
-BENCHMARK_SIZES = [
+CLASS_SIZES = [
     "4096", "8192",  # square
     "4096x14336x4096", "4096x4096x14336",  # LLM-like: an MLP's up and down projection, 4096 tokens
     "128x8192x8192", "256x14336x4096",  # skinny: M <= 256
     "16384x1024x4096", "2048x2048x8192",  # few tiles: under 4 waves of 128 x 256 tiles on 132 SMs
 ]
+SQUARE_SIZES = ["512", "1024", "2048", "4096", "8192", "16384"]
+BENCHMARK_SIZES = CLASS_SIZES + [size for size in SQUARE_SIZES if size not in CLASS_SIZES]
+
+# dense fp16 tensor-core peak from NVIDIA's datasheets, TFLOPS (without sparsity)
+PEAK_TFLOPS = {"h100": 989.4, "h200": 989.4, "h100-pcie": 756.5}
+PEER = "triton"
+PEER_CONFIG = "torch.compile max-autotune-no-cudagraphs; Inductor Triton templates, persistent TMA"
+STYLE = {"cublas": {"color": "0.35", "label": "cuBLAS"}, PEER: {"color": "0.65", "label": "Triton (torch.compile)"}}
 
 
 def stages() -> list[str]:
@@ -68,32 +85,46 @@ def _size(row: dict) -> str:
 CLASS_ORDER = ["square", "LLM-like", "skinny", "few tiles", "other"]
 
 
-def _ordered_sizes(rows: list[dict]) -> list[str]:
-    """Sizes grouped by shape class, then by M, N, K."""
+def _dims(size: str) -> tuple[int, int, int]:
+    m, n, k = (int(x) for x in size.split("x"))
+    return m, n, k
 
-    def key(size: str):
-        m, n, k = (int(x) for x in size.split("x"))
-        return CLASS_ORDER.index(shape_class(m, n, k)), m, n, k
 
-    return sorted({_size(r) for r in rows}, key=key)
+def _class_sizes(rows: list[dict]) -> list[str]:
+    """The class shapes present in the rows, grouped by class, then by M, N, K."""
+    wanted = {"x".join(map(str, cli.parse_size(size))) for size in CLASS_SIZES}
+    present = {_size(r) for r in rows} & wanted
+    return sorted(present, key=lambda size: (CLASS_ORDER.index(shape_class(*_dims(size))), *_dims(size)))
+
+
+def _label(version: str) -> str:
+    return STYLE.get(version, {}).get("label", version)
+
+
+def _versions(rows: list[dict]) -> list[str]:
+    """Stages in order, then the peer, then cuBLAS."""
+    found = {r["version"] for r in rows}
+    return sorted(found - {"cublas", PEER}) + [v for v in (PEER, "cublas") if v in found]
 
 
 def results_table(rows: list[dict], versions: list[str]) -> str:
     """Markdown table of the versions' results, cuBLAS last; one version also shows its schedule."""
-    sizes = _ordered_sizes(rows)
+    sizes = _class_sizes(rows)
     by_key = {(r["version"], _size(r)): r for r in rows}
     if len(versions) == 1:
         (version,) = versions
         lines = [f"| size | {version} TFLOPS | % of cuBLAS | cuBLAS TFLOPS | rel. error | schedule chosen |", "|---|---|---|---|---|---|"]
         for size in sizes:
-            ours, theirs = by_key.get((version, size)), by_key.get(("cublas", size))
-            if ours and theirs:
+            ours = by_key.get((version, size))
+            if ours:
+                # cuBLAS as timed in this version's own run: its time is ours scaled by the ratio
+                cublas_ms = float(ours["ms"]) * float(ours["pct_of_cublas"]) / 100
                 lines.append(
-                    f"| {size} | {ours['tflops']} | {ours['pct_of_cublas']} | {theirs['tflops']} | "
-                    f"{ours['rel_err']} | `{ours['config']}` |"
+                    f"| {size} | {ours['tflops']} | {ours['pct_of_cublas']} | "
+                    f"{measure.tflops(*_dims(size), cublas_ms):.1f} | {ours['rel_err']} | `{ours['config']}` |"
                 )
     else:
-        names = ["cuBLAS" if v == "cublas" else v for v in [*versions, "cublas"]]
+        names = [_label(v) for v in [*versions, "cublas"]]
         lines = ["| class | size | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
         for size in sizes:
             cells = []
@@ -105,10 +136,10 @@ def results_table(rows: list[dict], versions: list[str]) -> str:
                     cells.append(f"{row['tflops']} TFLOPS")
                 else:
                     cells.append(f"{row['tflops']} ({row['pct_of_cublas']}%)")
-            m, n, k = (int(x) for x in size.split("x"))
-            lines.append(f"| {shape_class(m, n, k)} | {size} | " + " | ".join(cells) + " |")
+            lines.append(f"| {shape_class(*_dims(size))} | {size} | " + " | ".join(cells) + " |")
         lines.append("")
-        lines.append("Each cell: TFLOPS (% of cuBLAS in the same run).")
+        lines.append("Each cell: TFLOPS (% of cuBLAS timed in the same run as that column); "
+                     "the cuBLAS column is from the last of those runs.")
     gpus = sorted({r["gpu"] for r in rows})
     dates = sorted({r["date"] for r in rows})
     lines.append("")
@@ -121,7 +152,7 @@ def results_table(rows: list[dict], versions: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def update_documents(csv_dir: Path = harness.RESULTS_DIR, documents: list[Path] = DOCUMENTS) -> list[Path]:
+def update_documents(csv_dir: Path = cli.RESULTS_DIR, documents: list[Path] = DOCUMENTS) -> list[Path]:
     """Rewrite each results block from results/<gpu>.csv; return the documents that changed."""
     changed = []
     for document in documents:
@@ -139,12 +170,26 @@ def update_documents(csv_dir: Path = harness.RESULTS_DIR, documents: list[Path] 
     return changed
 
 
-def plot(rows: list[dict], slug: str, out_dir: Path = FIGURES) -> list[Path]:
-    versions = sorted({r["version"] for r in rows} - {"cublas"}) + ["cublas"]
-    sizes = _ordered_sizes(rows)
+def _save(fig, out_dir: Path, name: str) -> list[Path]:
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.svg", out_dir / f"{name}.png"]
+    fig.savefig(paths[0], metadata={"Date": None})
+    fig.savefig(paths[1], dpi=150, metadata={"Software": None})
+    plt.close(fig)
+    return paths
+
+
+def _peak_line(ax, slug: str) -> None:
+    if slug in PEAK_TFLOPS:
+        ax.axhline(PEAK_TFLOPS[slug], color="black", linestyle="--", linewidth=0.8)
+        ax.text(ax.get_xlim()[0], PEAK_TFLOPS[slug], f" dense fp16 peak (datasheet): {PEAK_TFLOPS[slug]:.0f}",
+                fontsize=6, va="bottom")
+
+
+def _bars(ax, rows: list[dict], sizes: list[str], slug: str) -> None:
+    versions = _versions(rows)
     by_key = {(r["version"], _size(r)): r for r in rows}
-    plt.rcParams["svg.hashsalt"] = "tilus-gemm-tutorial"
-    fig, ax = plt.subplots(figsize=(max(8, 1.4 * len(sizes)), 3.8))
     width = 0.8 / len(versions)
     for i, version in enumerate(versions):
         xs, heights, labels = [], [], []
@@ -154,21 +199,56 @@ def plot(rows: list[dict], slug: str, out_dir: Path = FIGURES) -> list[Path]:
                 xs.append(j + (i - (len(versions) - 1) / 2) * width)
                 heights.append(float(row["tflops"]))
                 labels.append("" if version == "cublas" else f"{float(row['pct_of_cublas']):.0f}%")
-        color = "0.35" if version == "cublas" else None
-        bars = ax.bar(xs, heights, width, label="cuBLAS" if version == "cublas" else version, color=color)
-        ax.bar_label(bars, labels=labels, fontsize=6, padding=2)
-    tick_labels = [f"{size}\n{shape_class(*(int(x) for x in size.split('x')))}" for size in sizes]
-    ax.set_xticks(range(len(sizes)), tick_labels, fontsize=7)
-    ax.set_ylabel("TFLOPS")
-    gpu = rows[0]["gpu"]
-    ax.set_title(f"fp16 GEMM C = A @ B.T on {gpu}: each stage and cuBLAS (labels: % of cuBLAS, same run)", fontsize=9)
-    ax.legend(fontsize=8, ncol=len(versions), loc="lower center", bbox_to_anchor=(0.5, -0.32), frameon=False)
-    fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"perf_{slug}.svg", out_dir / f"perf_{slug}.png"]
-    fig.savefig(paths[0], metadata={"Date": None})
-    fig.savefig(paths[1], dpi=150, metadata={"Software": None})
-    plt.close(fig)
+        bars = ax.bar(xs, heights, width, label=_label(version), color=STYLE.get(version, {}).get("color"))
+        ax.bar_label(bars, labels=labels, fontsize=5, padding=2)
+    ax.set_xticks(range(len(sizes)), sizes, fontsize=6)
+    ax.set_ylabel("TFLOPS", fontsize=7)
+    ax.tick_params(axis="y", labelsize=6)
+    ax.set_ylim(0, max(PEAK_TFLOPS.get(slug, 0), *(float(r["tflops"]) for r in rows)) * 1.12)
+    _peak_line(ax, slug)
+
+
+def plot(rows: list[dict], slug: str, out_dir: Path = FIGURES) -> list[Path]:
+    """perf_<slug>: every class shape; sizes_<slug>: square sizes; classes_<slug>: a panel per class."""
+    gpu_name = rows[0]["gpu"]
+    plt.rcParams["svg.hashsalt"] = "tilus-gemm-tutorial"
+    paths = []
+
+    sizes = _class_sizes(rows)
+    fig, ax = plt.subplots(figsize=(max(8, 1.4 * len(sizes)), 3.8))
+    _bars(ax, rows, sizes, slug)
+    ax.set_xticks(range(len(sizes)), [f"{size}\n{shape_class(*_dims(size))}" for size in sizes], fontsize=7)
+    ax.set_title(f"fp16 GEMM C = A @ B.T on {gpu_name}: each stage and cuBLAS (labels: % of cuBLAS, same run)",
+                 fontsize=9)
+    ax.legend(fontsize=8, ncol=len(_versions(rows)), loc="lower center", bbox_to_anchor=(0.5, -0.32), frameon=False)
+    paths += _save(fig, out_dir, f"perf_{slug}")
+
+    squares = sorted({int(r["m"]) for r in rows if r["m"] == r["n"] == r["k"]})
+    by_key = {(r["version"], int(r["m"])): r for r in rows if r["m"] == r["n"] == r["k"]}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for version in _versions(rows):
+        points = [(n, float(by_key[version, n]["tflops"])) for n in squares if (version, n) in by_key]
+        style = STYLE.get(version, {})
+        ax.plot([n for n, _ in points], [t for _, t in points], marker="o", markersize=3, label=_label(version),
+                color=style.get("color"), linewidth=2 if version in STYLE else 1.2)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(squares, [str(n) for n in squares], fontsize=7)
+    ax.set_xlabel("M = N = K", fontsize=8)
+    ax.set_ylabel("TFLOPS", fontsize=8)
+    ax.set_ylim(0, max(PEAK_TFLOPS.get(slug, 0), *(float(r["tflops"]) for r in rows)) * 1.1)
+    _peak_line(ax, slug)
+    ax.set_title(f"Square fp16 GEMMs on {gpu_name}", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    paths += _save(fig, out_dir, f"sizes_{slug}")
+
+    classes = [c for c in CLASS_ORDER if any(shape_class(*_dims(size)) == c for size in sizes)]
+    fig, axes = plt.subplots(1, len(classes), figsize=(3.6 * len(classes), 3.6), squeeze=False)
+    for ax, name in zip(axes[0], classes):
+        _bars(ax, rows, [size for size in sizes if shape_class(*_dims(size)) == name], slug)
+        ax.set_title(name, fontsize=9)
+    axes[0][0].legend(fontsize=6, loc="lower left")
+    fig.suptitle(f"Each shape class on {gpu_name} (labels: % of cuBLAS, same run)", fontsize=9)
+    paths += _save(fig, out_dir, f"classes_{slug}")
     return paths
 
 
@@ -178,26 +258,57 @@ def benchmark(sizes: list[str]) -> Path:
     for stage in stages():
         module = importlib.import_module(stage)
         version = stage.removeprefix("matmul_")
-        if harness.main(version, module.KERNELS, module.matmul, ["--save", "--sizes", *sizes]) != 0:
+        if cli.main(version, module.KERNELS, module.matmul, ["--save", "--sizes", *sizes]) != 0:
             failed.append(stage)
     if failed:
         raise SystemExit(f"not plotted: {', '.join(failed)} failed their check")
-    return harness.RESULTS_DIR / f"{harness.gpu_slug(torch.cuda.get_device_name())}.csv"
+    return cli.RESULTS_DIR / f"{gpu.gpu_label()}.csv"
+
+
+def benchmark_peer(sizes: list[str], repeat: int = 50) -> Path:
+    """Time the Triton GEMM torch.compile reaches, against cuBLAS in the same run, as the stages are timed."""
+    import torch._dynamo
+    import torch._inductor.config as inductor
+
+    inductor.max_autotune_gemm_backends = "TRITON"  # a Triton kernel, never cuBLAS behind the name
+    inductor.triton.enable_persistent_tma_matmul = True
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    path = cli.RESULTS_DIR / f"{gpu.gpu_label()}.csv"
+    for seed, (m, n, k) in enumerate(cli.parse_size(size) for size in sizes):
+        print(f"{PEER} peer at {m}x{n}x{k}: torch.compile autotunes its Triton templates...", flush=True)
+        torch._dynamo.reset()  # one compiled graph per shape, no recompile limit
+        compiled = torch.compile(lambda x, y: x @ y.T, mode="max-autotune-no-cudagraphs", dynamic=False)
+        a, b, ref = measure.random_inputs(m, n, k, seed)
+        err = measure.relative_error(compiled(a, b), ref)
+        expected = torch.empty((m, n), dtype=torch.float16, device="cuda")
+        if not measure.passes(err):
+            raise SystemExit(f"the {PEER} peer is wrong at {m}x{n}x{k}: relative error {err:.2e}")
+        ms, cublas_ms = measure.time_against_cublas(lambda: compiled(a, b), lambda: torch.matmul(a, b.T, out=expected),
+                                                    repeat)
+        records = cli.csv_records(PEER, (m, n, k), ms, cublas_ms, err, measure.relative_error(expected, ref),
+                                  PEER_CONFIG)
+        path = cli.save_rows(records, gpu.gpu_label())  # after each shape: a long run keeps what it measured
+        print(f"{PEER} peer at {m}x{n}x{k}: {ms:.4f} ms, {100 * cublas_ms / ms:.1f}% of cuBLAS", flush=True)
+    return path
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from", dest="source", type=Path, help="plot this results CSV instead of benchmarking")
     parser.add_argument("--sizes", nargs="+", default=BENCHMARK_SIZES,
-                        help="sizes to benchmark (N or MxNxK); default: one or two of each shape class")
+                        help="sizes to benchmark (N or MxNxK); default: one or two of each shape class and "
+                             "square sizes from 512 to 16384")
+    parser.add_argument("--peer", action="store_true", help="also time the Triton GEMM torch.compile reaches")
     args = parser.parse_args(argv)
     sources = [args.source] if args.source else []
     if not sources:
         try:
-            harness.gpu_arch()
+            gpu.gpu_arch()
             sources = [benchmark(args.sizes)]
-        except harness.UnsupportedGPUError as reason:
-            sources = sorted(harness.RESULTS_DIR.glob("*.csv"))
+            if args.peer:
+                benchmark_peer(args.sizes)
+        except gpu.UnsupportedGPUError as reason:
+            sources = sorted(cli.RESULTS_DIR.glob("*.csv"))
             print(f"No Hopper or Blackwell GPU here ({reason}): re-plotting {len(sources)} results file(s) instead.")
     for source in sources:
         if not source.exists():

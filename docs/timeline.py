@@ -1,218 +1,468 @@
 """Schematic timelines of one thread block's K loop for v1, v2 and v3.
 
 A model, not a measurement: every bar is computed from the constants below and the
-rules in schedule_v1/v2/v3, so the figures show how the stages differ in which unit
-waits for which, not how long a real kernel takes. Run: python docs/timeline.py
+rules in schedule_v1, schedule_v2_blackwell/_hopper and schedule_v3_blackwell/_hopper, so
+the figures show how the stages differ in which unit waits for which, not how long a real
+kernel takes. Run: python docs/timeline.py (writes figures/timeline_v1..v3.svg; v2 and v3
+have one panel per GPU, because their Blackwell and Hopper kernels free slots differently).
+
+Each schedule_* function is a small simulation of one kernel's K loop as written in
+matmul_v*.py: every role (a warp, a warpgroup) runs its own loop and yields the same
+operations in the same order as the kernel (issue a load, wait on a barrier, issue an
+MMA, sync, arrive); simulate() runs them against a TMA engine that serves any number of
+loads at once and tensor cores that run one MMA at a time, in the order they were issued.
+The numbers are the H100's (the GPU the measurements come from) for both GPUs:
+Blackwell's tensor cores do more per cycle, which would make each MMA shorter and the
+load harder to hide; the Blackwell kernels have not been run.
 """
 
+import heapq
+from collections import namedtuple
 from pathlib import Path
 
 import matplotlib
+import matplotlib.patches
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend has to be chosen first)
 
-LOAD = 1000  # cycles from issuing a TMA load of one K step's tiles until its mbarrier completes
-MMA = 512  # tensor-core cycles for one 128x128x64 step (2.1 MFLOP at ~4096 FLOP/cycle/SM)
-ISSUE = 40  # cycles a warp spends issuing/waiting bookkeeping between operations
-STEPS = 6  # K steps drawn
-STAGES = 3  # ring depth for v2 and v3
+# The model's constants, from the H100 SXM's datasheet numbers:
+#   989 TFLOPS dense fp16 / (132 SMs * 1.83e9 cycles/s) = 4094, so ~4096 FLOP/cycle/SM
+#   a TMA round trip to L2/HBM of ~1 us = 1e-6 s * 1.83e9 cycles/s = 1830 cycles, ~1800
+CLOCK_GHZ = 1.83
+FLOP_PER_CYCLE = 4096  # tensor-core FLOP per cycle per SM
+LOAD = 1800  # cycles from issuing a TMA load of one K step's tiles until its mbarrier completes
 
+
+def mma_cycles(m, n, k):
+    """Tensor-core cycles for one m x n x k MMA: 2 * m * n * k FLOP at FLOP_PER_CYCLE."""
+    return 2 * m * n * k // FLOP_PER_CYCLE
+
+
+MMA = mma_cycles(128, 128, 64)  # 2 * 128 * 128 * 64 = 2,097,152 FLOP / 4096 = 512 cycles
+ISSUE = 40  # cycles a warp spends on one operation: issuing a load or an MMA, a sync, an arrive
+STEPS = 8  # K steps drawn
+STAGES = 3  # ring depth for v2 and v3 (the depth v3 chose on the H100; in v2's autotune space)
+# v3 is drawn with the tile it ran on the H100, 128 x 256 (Hopper: two consumers of 64 x 256):
+# one K step is 2 * 128 * 256 * 64 FLOP / 4096 = 1024 cycles, so the two steps queued behind
+# a refill (2048 cycles) cover a load. With 512-cycle 128 x 128 steps a ring of 3 would not
+# (1024 < 1800) and the MMAs would wait for loads, on either GPU.
+V3_TILE = (128, 256)
+
+# lanes: the units and the roles that issue to them
 TMA = "TMA engine"
 TC = "tensor cores"
-WARP = "issuing warp(s)"
-LANES = (TMA, TC, WARP)  # top to bottom
+WARP = "issuing warp(s)"  # v1: one warp (Blackwell) or one warpgroup (Hopper), alike here
+WARP_V2_BW = "issuing warp"  # v2 Blackwell: one warp issues loads and MMAs
+WARP_V2_HP = "warpgroup"  # v2 Hopper: the four warps that issue wgmma also issue the loads
+PRODUCER = "producer warp"
+MMA_WARP = "MMA warp"  # v3 Blackwell's consumer
+CONSUMERS = ("consumer\nwarpgroup 0", "consumer\nwarpgroup 1")  # v3 Hopper
+CONSUMER_TAGS = ("a", "b")  # MMA labels on Hopper v3: "3a" is step 3 of warpgroup 0
 
-FIGURES = Path(__file__).resolve().parent / "figures"
-ROOT = Path(__file__).resolve().parent.parent
-
-# Each schedule is a list of (unit, start, duration, label) bars; waits of the issuing
-# warp(s) are labelled by what they wait on. A warp needs ISSUE cycles between two
-# operations it issues. In v1 and v2 the warp that waits also keeps the ring's books, so
-# it needs ISSUE cycles after a wait ends before it issues again; in v3 each warp only
-# waits on an mbarrier and issues, so it issues as soon as the wait ends.
-
-
-def _wait(bars, start, end, label):
-    """Add a wait bar for the issuing warp(s), if it waits at all."""
-    if end > start:
-        bars.append((WARP, start, end - start, label))
+# One bar of a timeline. kind is "load" (TMA engine), "mma" (tensor cores), "wait" (a role
+# waits on a barrier), or "issue" (a role spends ISSUE cycles on an operation; what says
+# which: "load", "mma", "sync", "arrive", "commit"). step: the K step a load, an MMA or an
+# issue belongs to (None for others). by: the role that issued a load or an MMA.
+Bar = namedtuple("Bar", "lane start duration kind what step by label")
 
 
-def schedule_v1():
-    """No overlap: load a step, wait for it, multiply, wait for the MMA, load the next."""
+def _end(bar):
+    return bar.start + bar.duration
+
+
+# ---------------------------------------------------------------------------------------
+# The simulation. A role is a generator that yields commands; simulate() runs every role
+# in cycle order, so operations reach the TMA engine and the tensor cores in the order a
+# real block would issue them.
+
+
+def load(step):
+    """Issue the TMA loads of one K step; the event ("loaded", step) happens when they land."""
+    return ("load", step)
+
+
+def mma(step, cycles, commit=None, label=None):
+    """Issue an MMA (and, on Blackwell, the tcgen05.commit after it, which makes the
+    hardware complete the event `commit` when this MMA and all earlier ones finished).
+    The event ("mma", step, role) happens when the MMA finishes."""
+    return ("mma", step, cycles, commit, label)
+
+
+def wait(event, label):
+    """Wait on a barrier until the event has happened."""
+    return ("wait", event, label)
+
+
+def op(what, arrive=None, step=None):
+    """A bookkeeping operation of ISSUE cycles: a sync, or an arrive on `arrive`."""
+    return ("op", what, arrive, step)
+
+
+def simulate(roles, arrivals=None):
+    """Run roles {lane: generator} to completion; returns the list of Bars, by start.
+
+    arrivals: {event name: count}, how many arrives complete an event whose key starts
+    with that name (default 1), as an mbarrier's arrival count does.
+    """
+    arrivals = arrivals or {}
     bars = []
-    t = 0
-    for i in range(STEPS):
-        bars.append((TMA, t, LOAD, str(i)))
-        _wait(bars, t + ISSUE, t + LOAD, f"load {i}")
-        mma_start = t + LOAD + ISSUE
-        bars.append((TC, mma_start, MMA, str(i)))
-        _wait(bars, mma_start + ISSUE, mma_start + MMA, f"MMA {i}")
-        t = mma_start + MMA + ISSUE
-    return bars
+    happened = {}  # event -> the cycle it happens (possibly later than now)
+    arrived = {}  # event -> arrives so far
+    parked = {}  # event -> [(lane, cycle it started waiting, label)]
+    tc_free = 0  # the cycle the tensor cores finish the last MMA issued so far
+    order = {lane: n for n, lane in enumerate(roles)}
+    ready = [(0, order[lane], lane) for lane in roles]  # (cycle, tie-break, lane)
+    heapq.heapify(ready)
+
+    def resume(lane, since, cycle, event, label):
+        if cycle > since:
+            bars.append(Bar(lane, since, cycle - since, "wait", event[0], None, None, label))
+        heapq.heappush(ready, (max(since, cycle), order[lane], lane))
+
+    def happen(event, cycle):
+        happened[event] = cycle
+        for lane, since, label in parked.pop(event, []):
+            resume(lane, since, cycle, event, label)
+
+    while ready:
+        now, _, lane = heapq.heappop(ready)
+        command = next(roles[lane], None)
+        if command is None:
+            continue
+        kind = command[0]
+        if kind == "wait":
+            _, event, label = command
+            if event in happened:
+                resume(lane, now, happened[event], event, label)
+            else:
+                parked.setdefault(event, []).append((lane, now, label))
+            continue
+        issued = now + ISSUE
+        if kind == "load":
+            step = command[1]
+            bars.append(Bar(lane, now, ISSUE, "issue", "load", step, lane, ""))
+            bars.append(Bar(TMA, issued, LOAD, "load", "load", step, lane, str(step)))
+            happen(("loaded", step), issued + LOAD)
+        elif kind == "mma":
+            _, step, cycles, commit, label = command
+            start = max(issued, tc_free)  # the tensor cores run MMAs one at a time, in order
+            tc_free = start + cycles
+            bars.append(Bar(lane, now, ISSUE, "issue", "mma", step, lane, ""))
+            bars.append(Bar(TC, start, cycles, "mma", "mma", step, lane,
+                            str(step) if label is None else label))
+            happen(("mma", step, lane), tc_free)
+            if commit is not None:
+                happen(commit, tc_free)
+        else:  # "op"
+            _, what, event, step = command
+            bars.append(Bar(lane, now, ISSUE, "issue", what, step, lane, ""))
+            if event is not None:
+                arrived[event] = arrived.get(event, 0) + 1
+                if arrived[event] == arrivals.get(event[0], 1):
+                    happen(event, issued)
+        heapq.heappush(ready, (issued, order[lane], lane))
+    assert not parked, f"deadlock: {sorted(parked)} never happened"
+    return sorted(bars, key=lambda b: (b.start, b.lane))
+
+
+# ---------------------------------------------------------------------------------------
+# The kernels' K loops, one generator per role, in the order matmul_v*.py issues them.
+
+
+def schedule_v1(steps=STEPS, tile=(128, 128)):
+    """v1 (both GPUs): load a step, wait for it, multiply, wait for the MMA, sync."""
+    cycles = mma_cycles(tile[0], tile[1], 64)
+
+    def warp():
+        for i in range(steps):
+            yield load(i)
+            yield wait(("loaded", i), f"load {i}")
+            yield mma(i, cycles)  # Blackwell: + tcgen05.commit(mma_barrier); Hopper: commit_group
+            yield wait(("mma", i, WARP), f"MMA {i}")  # mbarrier.wait / wgmma.wait_group(0)
+            yield op("sync")
+
+    return simulate({WARP: warp()})
+
+
+def schedule_v2_blackwell(steps=STEPS, stages=STAGES, tile=(128, 128)):
+    """v2 Blackwell: one warp. The prologue loads one slot per stage; each step waits for
+    its slot, issues the MMA, commits to mma_barrier and waits for it, then refills the
+    same slot with the step `stages` ahead."""
+    cycles = mma_cycles(tile[0], tile[1], 64)
+
+    def warp():
+        for s in range(min(stages, steps)):
+            yield load(s)
+        for i in range(steps):
+            yield wait(("loaded", i), f"load {i}")
+            yield mma(i, cycles)  # + tcgen05.commit(mma_barrier)
+            yield wait(("mma", i, WARP_V2_BW), f"MMA {i}")
+            if i + stages < steps:
+                yield load(i + stages)
+
+    return simulate({WARP_V2_BW: warp()})
+
+
+def schedule_v2_hopper(steps=STEPS, stages=STAGES, tile=(128, 128)):
+    """v2 Hopper: one warpgroup. The prologue fills stages - 1 slots; each step waits for
+    its slot, issues the wgmma, wait_group(1) waits for the previous wgmma only, a block
+    sync, then one warp refills the slot the previous step used with step i + stages - 1."""
+    cycles = mma_cycles(tile[0], tile[1], 64)
+
+    def warpgroup():
+        for s in range(min(stages - 1, steps)):
+            yield load(s)
+        for i in range(steps):
+            yield wait(("loaded", i), f"load {i}")
+            yield mma(i, cycles)  # wgmma.fence, wgmma.mma, wgmma.commit_group
+            if i > 0:
+                yield wait(("mma", i - 1, WARP_V2_HP), f"wgmma {i - 1}")  # wait_group(1)
+            yield op("sync")
+            if i + stages - 1 < steps:
+                yield load(i + stages - 1)
+        yield wait(("mma", steps - 1, WARP_V2_HP), f"wgmma {steps - 1}")  # wait_group(0)
+        yield op("sync")
+
+    return simulate({WARP_V2_HP: warpgroup()})
 
 
 def schedule_v2():
-    """A ring of STAGES slots, one warp (group) issues both the loads and the MMAs."""
-    bars = []
-    load_end = {}
-    # Prologue: fill all but one slot; the last slot is refilled inside the loop.
-    for j in range(STAGES - 1):
-        bars.append((TMA, j * ISSUE, LOAD, str(j)))
-        load_end[j] = j * ISSUE + LOAD
-    last_issue = (STAGES - 2) * ISSUE
-    mma_end = None
-    for i in range(STEPS):
-        # MMA i needs its slot full and, as only one MMA may be in flight, MMA i-1 done.
-        waits = [(load_end[i], f"load {i}")]
-        if mma_end is not None:
-            waits.append((mma_end, f"MMA {i - 1}"))
-        ready, on = max(waits)
-        _wait(bars, last_issue + ISSUE, ready, on)
-        mma_start = max(last_issue, ready) + ISSUE
-        bars.append((TC, mma_start, MMA, str(i)))
-        last_issue = mma_start
-        # MMA i-1 has finished by now, so its slot can be refilled with step i+STAGES-1.
-        j = i + STAGES - 1
-        if j < STEPS:
-            last_issue += ISSUE
-            bars.append((TMA, last_issue, LOAD, str(j)))
-            load_end[j] = last_issue + LOAD
-        mma_end = mma_start + MMA
-    _wait(bars, last_issue + ISSUE, mma_end, f"MMA {STEPS - 1}")
-    return bars
+    """Both v2 kernels: {"blackwell": bars, "hopper": bars}."""
+    return {"blackwell": schedule_v2_blackwell(), "hopper": schedule_v2_hopper()}
+
+
+def _producer(steps, stages):
+    """v3's producer warp: wait until slot j % stages is empty, then load step j into it.
+    Its phase starts at 1, so its first trip round the ring does not wait; after that it
+    waits until the consumer(s) freed the slot that step j - stages used."""
+    for j in range(steps):
+        if j >= stages:  # first trip: the wait for phase 1 passes at once
+            yield wait(("freed", j - stages), f"empty[{j % stages}]")
+        yield load(j)
+
+
+def schedule_v3_blackwell(steps=STEPS, stages=STAGES, tile=V3_TILE):
+    """v3 Blackwell: a producer warp and an MMA warp. The MMA warp waits for a slot, issues
+    the MMA and tcgen05.commit(empty_barriers[stage]) and goes on without waiting: the
+    hardware frees the slot when the MMA finishes. A flush commit and wait end the loop."""
+    cycles = mma_cycles(tile[0], tile[1], 64)
+
+    def mma_warp():
+        for i in range(steps):
+            yield wait(("loaded", i), f"load {i}")
+            yield mma(i, cycles, commit=("freed", i))
+        yield op("commit")  # tcgen05.commit(flush_barrier)
+        yield wait(("mma", steps - 1, MMA_WARP), "flush")
+
+    return simulate({PRODUCER: _producer(steps, stages),
+                     MMA_WARP: mma_warp()})
+
+
+def schedule_v3_hopper(steps=STEPS, stages=STAGES, tile=V3_TILE):
+    """v3 Hopper: a producer warp and two consumer warpgroups, each multiplying its half of
+    the A slot's rows by the whole B slot. A consumer releases the previous step's slot
+    (arrive on empty_barriers, 128 threads each, 256 complete it) after wait_group(1) of
+    the next step; wait_group(0) after the loop is the flush."""
+    cycles = mma_cycles(tile[0] // 2, tile[1], 64)
+
+    def consumer(c):
+        lane = CONSUMERS[c]
+        for i in range(steps):
+            yield wait(("loaded", i), f"load {i}")
+            yield mma(i, cycles, label=f"{i}{CONSUMER_TAGS[c]}")
+            if i > 0:
+                yield wait(("mma", i - 1, lane), f"wgmma {i - 1}")  # wait_group(1)
+                yield op("arrive", arrive=("freed", i - 1), step=i - 1)
+        yield wait(("mma", steps - 1, lane), "flush")  # wait_group(0)
+
+    return simulate({PRODUCER: _producer(steps, stages),
+                     CONSUMERS[0]: consumer(0), CONSUMERS[1]: consumer(1)},
+                    arrivals={"freed": 2})
 
 
 def schedule_v3():
-    """Warp specialised: a producer warp refills free slots, a consumer warp queues MMAs."""
-    bars = []
-    load_end = {}
-    mma_end = {}
-    producer_issue = -ISSUE  # so that load 0 goes out at cycle 0
-
-    def load(j):
-        # The producer waits until MMA j-STAGES has released slot j % STAGES.
-        nonlocal producer_issue
-        free = mma_end[j - STAGES] if j >= STAGES else 0
-        _wait(bars, producer_issue + ISSUE, free, f"MMA {j - STAGES}")
-        producer_issue = max(producer_issue + ISSUE, free)
-        bars.append((TMA, producer_issue, LOAD, str(j)))
-        load_end[j] = producer_issue + LOAD
-
-    for j in range(min(STAGES, STEPS)):
-        load(j)
-    consumer_issue = -ISSUE
-    for i in range(STEPS):
-        # The consumer issues MMA i once load i landed and does not wait for it to
-        # finish: the tensor cores queue it behind MMA i-1, so no gap opens between them.
-        _wait(bars, consumer_issue + ISSUE, load_end[i], f"load {i}")
-        consumer_issue = max(consumer_issue + ISSUE, load_end[i])
-        mma_start = max(consumer_issue, mma_end.get(i - 1, 0))
-        bars.append((TC, mma_start, MMA, str(i)))
-        mma_end[i] = mma_start + MMA
-        if i + STAGES < STEPS:
-            load(i + STAGES)
-    # Before the epilogue the consumer waits until the last MMA has finished.
-    _wait(bars, consumer_issue + ISSUE, mma_end[STEPS - 1], f"MMA {STEPS - 1}")
-    return bars
+    """Both v3 kernels: {"blackwell": bars, "hopper": bars}."""
+    return {"blackwell": schedule_v3_blackwell(), "hopper": schedule_v3_hopper()}
 
 
 def total(bars):
     """Model cycles from the first issue to the end of the last bar."""
-    return max(start + duration for _, start, duration, _ in bars)
+    return max(_end(b) for b in bars)
 
 
 def tensor_busy(bars):
     """Fraction of the total time the tensor cores run an MMA (MMAs never overlap)."""
-    return sum(duration for unit, _, duration, _ in bars if unit == TC) / total(bars)
+    return sum(b.duration for b in bars if b.lane == TC) / total(bars)
+
+
+# ---------------------------------------------------------------------------------------
+# Drawing
 
 
 def _sub_rows(bars):
     """Give each bar the first sub-row where it overlaps no other, so overlaps stay visible."""
     row_ends = []
     rows = []
-    for _, start, duration, _ in bars:
+    for bar in bars:
         for k, end in enumerate(row_ends):
-            if end <= start:
-                row_ends[k] = start + duration
+            if end <= bar.start:
+                row_ends[k] = _end(bar)
                 rows.append(k)
                 break
         else:
-            row_ends.append(start + duration)
+            row_ends.append(_end(bar))
             rows.append(len(row_ends) - 1)
     return rows, max(len(row_ends), 1)
 
 
-STYLE = {  # face colour, text colour, label size
-    TMA: ("#4C78A8", "white", 7),
-    TC: ("#F58518", "black", 7),
-    WARP: ("#D9D9D9", "#404040", 6.5),
-}
-FIGSIZE = (9, 2.6)
-AXES = (0.12, 0.2, 0.85, 0.58)  # left, bottom, width, height in figure fractions
-LANE_HEIGHT = 0.8
-
-
-def _draw(bars, title, subtitle, xmax, path):
-    fig = plt.figure(figsize=FIGSIZE)
-    ax = fig.add_axes(AXES)
-    ax.set_xlim(0, xmax)
-    ax.set_ylim(-0.5, len(LANES) - 0.5)
-    renderer = fig.canvas.get_renderer()
-    for lane, unit in enumerate(LANES):
-        y_top = len(LANES) - 1 - lane + LANE_HEIGHT / 2
-        unit_bars = sorted((b for b in bars if b[0] == unit), key=lambda b: (b[1], b[3]))
-        rows, n_rows = _sub_rows(unit_bars)
-        height = LANE_HEIGHT / n_rows
-        face, color, size = STYLE[unit]
-        for (_, start, duration, label), row in zip(unit_bars, rows):
-            y = y_top - (row + 1) * height
-            ax.broken_barh([(start, duration)], (y, height * 0.9), facecolors=face,
-                           edgecolors="white", linewidth=0.5)
-            text = ax.text(start + duration / 2, y + height * 0.45, label, ha="center",
-                           va="center", fontsize=size, color=color)
-            # Short bars (the x range is v1's long total) drop a label rather than spill it.
-            (x0, _), (x1, _) = ax.transData.transform([(start, 0), (start + duration, 0)])
-            if text.get_window_extent(renderer).width > (x1 - x0) * 0.95:
-                text.remove()
-    ax.set_yticks(range(len(LANES)), reversed(LANES), fontsize=8)
-    ax.set_xlabel("cycles (model)", fontsize=8)
-    ax.tick_params(axis="x", labelsize=7)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    fig.text(AXES[0], 0.93, title, fontsize=10, fontweight="bold")
-    fig.text(AXES[0], 0.85, subtitle, fontsize=7.5, color="#404040")
-    fig.text(AXES[0] + AXES[2], 0.03,
-             f"total {total(bars)} cycles, tensor cores busy {tensor_busy(bars):.0%}",
-             fontsize=8.5, fontweight="bold", ha="right")
-    fig.savefig(path, format="svg", metadata={"Date": None})
-    plt.close(fig)
-
-
-FIGURE_SPECS = (  # name, schedule, title, whether the ring depth applies
-    ("timeline_v1", schedule_v1, "v1: load a K step, then multiply it, one after the other",
-     False),
-    ("timeline_v2", schedule_v2,
-     f"v2: a ring of {STAGES} slots, one warp issues both loads and MMAs", True),
-    ("timeline_v3", schedule_v3,
-     "v3: warp specialised, a producer warp loads, a consumer warp multiplies", True),
+BLUE, ORANGE, LIGHT_ORANGE, DARK = "#4C78A8", "#F58518", "#FFBF79", "#404040"
+# a wait takes a pale shade of what it waits for: a load, an MMA, or a slot to be emptied
+WAIT_FACE = {"loaded": "#C9D7E8", "mma": "#FBDDBD", "freed": "#D9D9D9"}
+LEGEND = (  # (kind, what) of the bars it explains, face, text
+    (("load", "load"), BLUE, "TMA load of one K step"),
+    (("mma", "mma"), ORANGE, "MMA on the tensor cores"),
+    (("issue", None), DARK, "a role issues: load, MMA, sync, arrive"),
+    (("wait", "loaded"), WAIT_FACE["loaded"], "waits for a load"),
+    (("wait", "mma"), WAIT_FACE["mma"], "waits for an MMA"),
+    (("wait", "freed"), WAIT_FACE["freed"], "waits for an empty slot"),
 )
 
 
-def main(out_dir=FIGURES):
-    """Write the three figures into out_dir; returns their paths."""
+def _style(bar):
+    """face colour, text colour, label size of a bar"""
+    if bar.kind == "load":
+        return BLUE, "white", 7
+    if bar.kind == "mma":
+        return (LIGHT_ORANGE if bar.by == CONSUMERS[1] else ORANGE), "black", 7
+    if bar.kind == "wait":
+        return WAIT_FACE[bar.what], DARK, 6
+    return DARK, DARK, 6  # a role issuing an operation
+
+
+WIDTH = 10.0  # inches
+LEFT, RIGHT = 1.2, 0.2  # inches beside the axes (lane names on the left)
+LANE_INCHES = 0.4  # height of one lane
+GAP, FOOTER = 0.55, 0.45  # inches: between panels, below the last (x label)
+LANE_HEIGHT = 0.8  # of a lane's unit height: the bars' share
+
+
+def _draw_panel(fig, rect, bars, lanes, title, xmax):
+    ax = fig.add_axes(rect)
+    ax.set_xlim(0, xmax)
+    ax.set_ylim(-0.5, len(lanes) - 0.5)
+    renderer = fig.canvas.get_renderer()
+    for lane_index, lane in enumerate(lanes):
+        y_top = len(lanes) - 1 - lane_index + LANE_HEIGHT / 2
+        lane_bars = sorted((b for b in bars if b.lane == lane), key=lambda b: (b.start, b.label))
+        rows, n_rows = _sub_rows(lane_bars)
+        height = LANE_HEIGHT / n_rows
+        for bar, row in zip(lane_bars, rows):
+            face, color, size = _style(bar)
+            y = y_top - (row + 1) * height
+            ax.broken_barh([(bar.start, bar.duration)], (y, height * 0.9), facecolors=face,
+                           edgecolors=face if bar.kind == "issue" else "white", linewidth=0.5)
+            if not bar.label:
+                continue
+            text = ax.text(bar.start + bar.duration / 2, y + height * 0.45, bar.label,
+                           ha="center", va="center", fontsize=size if n_rows < 3 else 6,
+                           color=color)
+            # Short bars (the x range is v1's long total) drop a label rather than spill it.
+            (x0, _), (x1, _) = ax.transData.transform([(bar.start, 0), (_end(bar), 0)])
+            if text.get_window_extent(renderer).width > (x1 - x0) * 0.95:
+                text.remove()
+    ax.set_yticks(range(len(lanes)), list(reversed(lanes)), fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.tick_params(axis="y", length=0)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title, loc="left", fontsize=8.5, fontweight="bold", pad=4)
+    ax.set_title(f"{total(bars)} cycles, tensor cores busy {tensor_busy(bars):.0%}",
+                 loc="right", fontsize=8, pad=4)
+    return ax
+
+
+def _draw(panels, title, subtitle, xmax, path):
+    """panels: [(bars, lanes, panel title)], drawn one above the other."""
+    heights = [len(lanes) * LANE_INCHES + 0.1 for _, lanes, _ in panels]
+    header = 0.85 + 0.15 * len(subtitle)  # inches: title, subtitle lines, legend
+    height = header + sum(heights) + GAP * (len(panels) - 1) + FOOTER
+    fig = plt.figure(figsize=(WIDTH, height))
+    fig.text(LEFT / WIDTH, 1 - 0.2 / height, title, fontsize=10, fontweight="bold", va="center")
+    for n, line in enumerate(subtitle):
+        fig.text(LEFT / WIDTH, 1 - (0.4 + 0.15 * n) / height, line, fontsize=7.5, color=DARK,
+                 va="center")
+    shown = {(b.kind, b.what if b.kind != "issue" else None) for bars, _, _ in panels for b in bars}
+    handles = [matplotlib.patches.Patch(facecolor=face, label=text)
+               for key, face, text in LEGEND if key in shown]
+    fig.legend(handles=handles, loc="center left", ncol=len(handles), frameon=False, fontsize=7,
+               bbox_to_anchor=(LEFT / WIDTH - 0.01, 1 - (0.45 + 0.15 * len(subtitle)) / height),
+               handlelength=1.2, columnspacing=1.0, borderaxespad=0)
+    y = height - header
+    for (bars, lanes, panel_title), h in zip(panels, heights):
+        y -= h
+        ax = _draw_panel(fig, (LEFT / WIDTH, y / height, 1 - (LEFT + RIGHT) / WIDTH, h / height),
+                         bars, lanes, panel_title, xmax)
+        y -= GAP
+    ax.set_xlabel("cycles (model)", fontsize=8)
+    svg = Path(path).suffix == ".svg"
+    fig.savefig(path, format=Path(path).suffix[1:], metadata={"Date": None} if svg else None)
+    plt.close(fig)
+
+
+def _constants(ring, tile=(128, 128)):
+    """The subtitle: the model's constants, one line each."""
+    m, n = tile
+    lines = [f"Schematic model, not a measurement, with H100 numbers for both GPUs: a load takes "
+             f"{LOAD} cycles (~1 us at {CLOCK_GHZ} GHz).",
+             f"An m x n x k MMA takes 2*m*n*k / {FLOP_PER_CYCLE} cycles: "
+             f"one {m}x{n}x64 K step {mma_cycles(m, n, 64)}."]
+    if tile != (128, 128):
+        lines.append(f"On Hopper that is two {m // 2}x{n}x64 wgmmas of {mma_cycles(m // 2, n, 64)}, "
+                     "one per consumer warpgroup: 3a and 3b are step 3 of warpgroup 0 and 1.")
+    lines.append(f"Issuing an operation: {ISSUE} cycles. {STEPS} K steps"
+                 + (f", a ring of {STAGES} slots" if ring else "")
+                 + ". The v1, v2 and v3 figures share their x axis.")
+    return lines
+
+
+def figures():
+    """(name, title, subtitle lines, [(bars, lanes, panel title)]) of each figure."""
+    v2, v3 = schedule_v2(), schedule_v3()
+    return (
+        ("timeline_v1", "v1: load a K step, then multiply it, one after the other",
+         _constants(False),
+         [(schedule_v1(), (TMA, TC, WARP),
+           "Blackwell and Hopper alike: wait for the load, multiply, wait for the MMA")]),
+        ("timeline_v2", f"v2: a ring of {STAGES} slots; the warps that issue the MMAs also issue the loads",
+         _constants(True),
+         [(v2["blackwell"], (TMA, TC, WARP_V2_BW),
+           f"Blackwell: one warp waits for every MMA, then refills its slot with the step {STAGES} ahead"),
+          (v2["hopper"], (TMA, TC, WARP_V2_HP),
+           "Hopper: wait_group(1) keeps one wgmma in flight; sync; refill the previous step's slot")]),
+        ("timeline_v3", "v3: warp specialised: a producer warp loads, consumers multiply",
+         _constants(True, V3_TILE),
+         [(v3["blackwell"], (PRODUCER, TMA, TC, MMA_WARP),
+           "Blackwell: one MMA warp; tcgen05.commit frees a slot when its MMA ends"),
+          (v3["hopper"], (PRODUCER, TMA, TC) + CONSUMERS,
+           "Hopper: two consumer warpgroups free a slot after the next step's wait_group(1)")]),
+    )
+
+
+FIGURES = Path(__file__).resolve().parent / "figures"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main(out_dir=FIGURES, suffix=".svg"):
+    """Write the three figures into out_dir (suffix .png for a preview); returns their paths."""
     plt.rcParams["svg.hashsalt"] = "gemm-timeline"  # fixed ids: reruns give identical files
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    xmax = total(schedule_v1())  # one x range for all three so they compare at a glance
+    xmax = total(schedule_v1())  # one x range for all figures so they compare at a glance
     paths = []
-    for name, schedule, title, ring in FIGURE_SPECS:
-        subtitle = (f"schematic model, not a measurement: load {LOAD} cycles, "
-                    f"128x128x64 MMA {MMA} cycles, issue {ISSUE} cycles, {STEPS} K steps"
-                    + (f", {STAGES} slots" if ring else ""))
-        path = out_dir / f"{name}.svg"
-        _draw(schedule(), title, subtitle, xmax, path)
+    for name, title, subtitle, panels in figures():
+        path = out_dir / f"{name}{suffix}"
+        _draw(panels, title, subtitle, xmax, path)
         paths.append(path)
         shown = path.resolve()
         print(f"wrote {shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown}")

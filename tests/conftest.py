@@ -3,16 +3,16 @@ import re
 
 import pytest
 
-import harness
+from support import build, cache, gpu
 
-STAGES = sorted(path.stem for path in harness.REPO.glob("matmul_v*.py"))
-ARCHS = sorted(harness.ARCHS)
+STAGES = sorted(path.stem for path in cache.REPO.glob("matmul_v*.py"))
+ARCHS = sorted(gpu.ARCHS)
 
 
 def no_gpu_reason() -> str | None:
     try:
-        harness.gpu_arch()
-    except harness.UnsupportedGPUError as reason:
+        gpu.gpu_arch()
+    except gpu.UnsupportedGPUError as reason:
         return str(reason)
     return None
 
@@ -29,16 +29,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def built():
-    """build(stage, arch) -> one harness.BuildResult per schedule, built once per session."""
+    """built(stage, arch) -> one build.BuildResult per schedule, built once per session."""
     results = {}
 
-    def build(stage: str, arch: str):
+    def build_stage(stage: str, arch: str):
         if (stage, arch) not in results:
             kernel = importlib.import_module(stage).KERNELS[arch]
-            results[stage, arch] = harness.build_schedules(kernel, arch, progress=lambda line: None)
+            results[stage, arch] = build.build_schedules(kernel, arch, progress=lambda line: None)
         return results[stage, arch]
 
-    return build
+    return build_stage
 
 
 _DTYPE_BYTES = {"float16": 2, "float32": 4, "uint64": 8, "uint32": 4, "int32": 4, "uint8": 1}

@@ -1,4 +1,4 @@
-"""The command line every stage shares (harness.main)."""
+"""The command line every stage shares (cli.main)."""
 
 import subprocess
 import sys
@@ -6,18 +6,18 @@ import sys
 import pytest
 from conftest import STAGES, no_gpu_reason
 
-import harness
+from support import cache, cli, dispatch, gpu
 
 
 def run_stage(stage: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, f"{stage}.py", *args], cwd=harness.REPO, capture_output=True, text=True, timeout=timeout
+        [sys.executable, f"{stage}.py", *args], cwd=cache.REPO, capture_output=True, text=True, timeout=timeout
     )
 
 
 @pytest.mark.parametrize("text, size", [("4096", (4096, 4096, 4096)), ("1000x1016x1024", (1000, 1016, 1024))])
 def test_parse_size(text, size):
-    assert harness.parse_size(text) == size
+    assert cli.parse_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["0", "12x4", "axbxc", "8x8x-8"])
@@ -29,19 +29,19 @@ def test_bad_size_is_a_usage_error(text):
 
 
 @pytest.mark.parametrize("stage", STAGES)
-@pytest.mark.parametrize("arch", sorted(harness.ARCHS))
+@pytest.mark.parametrize("arch", sorted(gpu.ARCHS))
 def test_compile_only(stage, arch, built):
     built(stage, arch)  # reuse the session's builds: the CLI finds them in the same cache
     proc = run_stage(stage, "--compile-only", "--arch", arch)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     kernel = __import__(stage).KERNELS[arch]
-    count = harness.space_size(kernel)
-    assert f"{count}/{count} schedules built with {harness.ARCHS[arch].mma_instruction}" in proc.stdout
+    count = dispatch.space_size(kernel)
+    assert f"{count}/{count} schedules built with {gpu.ARCHS[arch].mma_instruction}" in proc.stdout
 
 
 @pytest.mark.skipif(no_gpu_reason() is None, reason="this machine has a Hopper or Blackwell GPU: the stage runs instead")
 def test_without_a_gpu_the_stage_says_so_and_builds(built):
-    for arch in harness.ARCHS:
+    for arch in gpu.ARCHS:
         built("matmul_v1", arch)
     proc = run_stage("matmul_v1")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,4 +1,4 @@
-"""Each tilus 0.2.0 workaround in compat.py is still needed: with it off, its defect shows.
+"""Each tilus 0.2.0 workaround in support/compat.py is still needed: with it off, its defect shows.
 
 When one of these fails after a tilus upgrade, that defect is fixed upstream: delete the
 workaround and its test. Each build runs in a fresh interpreter with an empty cache: tilus
@@ -16,8 +16,7 @@ import sys
 import pytest
 from conftest import overlaps, shared_memory_map
 
-import compat
-import harness
+from support import build, cache, compat
 
 pytestmark = pytest.mark.skipif(not compat.needed(), reason=f"the defects are those of tilus {compat.AFFECTED_TILUS}")
 
@@ -25,16 +24,17 @@ pytestmark = pytest.mark.skipif(not compat.needed(), reason=f"the defects are th
 def build_as_released(workaround: str, stage: str, arch: str, tmp_path, schedule: dict | None = None) -> list[dict]:
     pin = f"kernel.debug_schedule = {schedule!r}" if schedule else ""
     code = f"""
-import json, compat, harness, {stage}
+import json, {stage}
+from support import build, compat
 kernel = {stage}.KERNELS[{arch!r}]
 {pin}
 with compat.disabled({workaround!r}):
-    results = harness.build_schedules(kernel, {arch!r}, progress=lambda line: None)
+    results = build.build_schedules(kernel, {arch!r}, progress=lambda line: None)
 print(json.dumps([{{"error": r.error, "module_dir": str(r.module_dir)}} for r in results]))
 """
     env = os.environ | {"MATMUL_TUTORIAL_CACHE": str(tmp_path)}
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=harness.REPO, env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, "-c", code], cwd=cache.REPO, env=env, capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -114,17 +114,18 @@ def fastdiv_errors(source_cu: str, tmp_path) -> tuple[int, int]:
 def build_probe(tmp_path, *disabled: str) -> str:
     """source.cu of the tile-order probe (group_m = 8), built in a fresh interpreter and cache."""
     code = f"""
-import contextlib, compat, harness, probe_kernels
+import contextlib, probe_kernels
+from support import build, compat
 kernel = probe_kernels.TileOrderProbe
 kernel.debug_schedule = dict(group_m=8)
 with compat.disabled(*{disabled!r}) if {disabled!r} else contextlib.nullcontext():
-    (result,) = harness.build_schedules(kernel, "hopper", progress=lambda line: None, call_args=(7, 56, 0))
+    (result,) = build.build_schedules(kernel, "hopper", progress=lambda line: None, call_args=(7, 56, 0))
 assert result.ok, result.error
 print(result.module_dir)
 """
-    paths = [str(harness.REPO / "tests"), os.environ.get("PYTHONPATH", "")]
+    paths = [str(cache.REPO / "tests"), os.environ.get("PYTHONPATH", "")]
     env = os.environ | {"MATMUL_TUTORIAL_CACHE": str(tmp_path / "cache"), "PYTHONPATH": os.pathsep.join(filter(None, paths))}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=harness.REPO, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cache.REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return open(os.path.join(proc.stdout.strip().splitlines()[-1], "source.cu")).read()
 

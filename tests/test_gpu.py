@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import STAGES
 
-import harness
+from support import cache, cli, gpu, measure
 
 pytestmark = pytest.mark.gpu
 
@@ -25,7 +25,7 @@ SHAPES = ["4096", "8192", "1000x1016x1024", "129x264x72", "3000x520x4104", "7x8x
 
 def run_child(args: list[str], timeout: float) -> str:
     try:
-        proc = subprocess.run(args, cwd=harness.REPO, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(args, cwd=cache.REPO, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as hung:
         output = hung.stdout.decode() if isinstance(hung.stdout, bytes) else (hung.stdout or "")
         started = [line for line in output.splitlines() if line.startswith("START ")]
@@ -50,11 +50,11 @@ def test_stage_checks_and_times_against_cublas(stage):
 def test_matmul_matches_torch_and_fills_out():
     import matmul_v1
 
-    a, b, ref = harness.random_inputs(333, 264, 520, seed=7)
+    a, b, ref = measure.random_inputs(333, 264, 520, seed=7)
     out = torch.full((333, 264), float("nan"), dtype=torch.float16, device="cuda")
     assert matmul_v1.matmul(a, b, out=out) is out
-    assert harness.passes(harness.relative_error(out, ref))
-    assert harness.passes(harness.relative_error(matmul_v1.matmul(a, b), ref))
+    assert measure.passes(measure.relative_error(out, ref))
+    assert measure.passes(measure.relative_error(matmul_v1.matmul(a, b), ref))
 
 
 def test_gpu_only_input_rules():
@@ -70,24 +70,24 @@ def test_gpu_only_input_rules():
 def test_a_deadlocked_kernel_fails_with_its_name_instead_of_hanging():
     # producer starting at phase 0: it waits for the consumers, which wait for it
     code = (
-        "import sys, harness, matmul_v3, tilus.lang.instructions.mbarrier as m; "
+        "import sys, matmul_v3, tilus.lang.instructions.mbarrier as m; from support import cli; "
         "m.BarrierInstructionGroup.producer_initial_phase = 0; "
         "kernel = matmul_v3.HopperMatmulV3; "
         "kernel.debug_schedule = dict(block_m=128, block_n=256, block_k=64, stages=3); "
-        "sys.exit(harness.main('v3', matmul_v3.KERNELS, matmul_v3.matmul, "
+        "sys.exit(cli.main('v3', matmul_v3.KERNELS, matmul_v3.matmul, "
         "['--all-schedules', '--timeout', '10', '--sizes', '256']))"
     )
-    if harness.gpu_arch() != "hopper":
+    if gpu.gpu_arch() != "hopper":
         pytest.skip("the deadlocked kernel is the Hopper one")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=harness.REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cache.REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 3
     assert "TIMEOUT: HopperMatmulV3 [block_m=128 block_n=256 block_k=64 stages=3] at 256x256x256" in proc.stderr
 
 
 def test_arch_mismatch_is_a_usage_error():
-    other = "blackwell" if harness.gpu_arch() == "hopper" else "hopper"
+    other = "blackwell" if gpu.gpu_arch() == "hopper" else "hopper"
     proc = subprocess.run(
-        [sys.executable, "matmul_v1.py", "--arch", other], cwd=harness.REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "matmul_v1.py", "--arch", other], cwd=cache.REPO, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2 and "only works with --compile-only" in proc.stderr
 
@@ -105,10 +105,10 @@ def test_sanitizer_clean_at_a_small_size(stage, tool):
 
 def run_probe(code: str, timeout: float = 300) -> str:
     """Run probe kernels in a child process: a deadlocked ring fails the test instead of hanging it."""
-    paths = [str(harness.REPO), str(harness.REPO / "tests"), os.environ.get("PYTHONPATH", "")]
+    paths = [str(cache.REPO), str(cache.REPO / "tests"), os.environ.get("PYTHONPATH", "")]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, paths))}
     try:
-        proc = subprocess.run([sys.executable, "-c", code], cwd=harness.REPO, env=env, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-c", code], cwd=cache.REPO, env=env, capture_output=True, text=True,
                               timeout=timeout)
     except subprocess.TimeoutExpired:
         pytest.fail(f"no result within {timeout} s: a kernel hung")
@@ -120,12 +120,13 @@ def run_probe(code: str, timeout: float = 300) -> str:
 def test_pipeline_moves_data_through_many_phase_wraps(stages):
     # 37 steps: every slot's barriers flip phase many times, and 37 is no multiple of any depth
     output = run_probe(f"""
-import torch, harness, probe_kernels
-harness._use_cache(probe_kernels.PipelineCopy, harness._gpu_label())
+import torch, probe_kernels
+from support import cache, gpu, measure
+cache.use_cache(probe_kernels.PipelineCopy, gpu.gpu_label())
 src = torch.randn(37 * 64, 64, device="cuda").half()
 dst = torch.full_like(src, float("nan"))
 probe_kernels.PipelineCopy({stages})(37, src, dst)
-harness._wait("PipelineCopy", 60)
+measure.sync_or_exit("PipelineCopy", 60)
 print("equal" if torch.equal(src, dst) else "DIFFERENT")
 """)
     assert output.strip().endswith("equal"), output
@@ -136,10 +137,11 @@ def test_grouped_order_visits_every_tile_exactly_once():
     from test_pipeline import GRIDS
 
     output = run_probe(f"""
-import torch, harness, probe_kernels
+import torch, probe_kernels
+from support import cache, gpu, measure
 from test_pipeline import raster
 kernel = probe_kernels.TileOrderProbe
-harness._use_cache(kernel, harness._gpu_label())
+cache.use_cache(kernel, gpu.gpu_label())
 jit = kernel()._jit_instance_for(7, 56, 0)
 jit.programs()
 for compiled, index in zip(jit.compiled_programs, jit.valid_schedules):
@@ -147,7 +149,7 @@ for compiled, index in zip(jit.compiled_programs, jit.valid_schedules):
     for num_m, num_n in {GRIDS!r}:
         order = torch.full((num_m, num_n), -1, dtype=torch.int32, device="cuda")
         compiled.get_launch_func()(num_m, num_n, order)
-        harness._wait("TileOrderProbe", 60)
+        measure.sync_or_exit("TileOrderProbe", 60)
         expected = [[-1] * num_n for _ in range(num_m)]
         for block, (m, n) in enumerate(raster.grouped_order(num_m, num_n, group_m)):
             expected[m][n] = block

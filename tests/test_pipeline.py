@@ -5,9 +5,9 @@ import importlib.util
 import pytest
 from probe_kernels import PipelineCopy, TileOrderProbe
 
-import harness
+from support import build, cache
 
-RASTER = harness.REPO / "docs" / "raster.py"
+RASTER = cache.REPO / "docs" / "raster.py"
 spec = importlib.util.spec_from_file_location("raster", RASTER)
 raster = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(raster)
@@ -18,7 +18,7 @@ GRIDS = [(1, 1), (1, 57), (57, 1), (5, 7), (7, 56), (33, 13), (128, 4), (17, 100
 
 @pytest.mark.parametrize("stages", range(1, 7))
 def test_pipeline_builds_for_every_ring_depth(stages):
-    (result,) = harness.build_schedules(
+    (result,) = build.build_schedules(
         PipelineCopy, "hopper", progress=lambda line: None, script_kwargs=dict(stages=stages), call_args=(37, 0, 0)
     )
     assert result.ok, result.error
@@ -26,7 +26,7 @@ def test_pipeline_builds_for_every_ring_depth(stages):
 
 
 def test_tile_order_probe_builds():
-    results = harness.build_schedules(TileOrderProbe, "hopper", progress=lambda line: None, call_args=(7, 56, 0))
+    results = build.build_schedules(TileOrderProbe, "hopper", progress=lambda line: None, call_args=(7, 56, 0))
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
 
 

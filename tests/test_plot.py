@@ -2,8 +2,8 @@
 
 import csv
 
-import harness
 import plot
+from support import cli
 
 ROWS = [
     {"gpu": "NVIDIA H100 80GB HBM3", "version": v, "m": s, "n": s, "k": s, "ms": ms, "tflops": tf,
@@ -12,13 +12,15 @@ ROWS = [
     for v, s, ms, tf, pct in [
         ("v1", 4096, "0.3", "458.1", "60.0"), ("cublas", 4096, "0.18", "763.5", "100.0"),
         ("v1", 8192, "2.0", "549.8", "72.0"), ("cublas", 8192, "1.44", "763.6", "100.0"),
+        ("v1", 512, "0.01", "26.8", "40.0"), ("triton", 512, "0.006", "44.7", "66.7"),
+        ("cublas", 512, "0.004", "67.1", "100.0"), ("triton", 4096, "0.19", "723.4", "94.7"),
     ]
 ]
 
 
 def write_fixture(path):
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=harness.CSV_FIELDS)
+        writer = csv.DictWriter(f, fieldnames=cli.CSV_FIELDS)
         writer.writeheader()
         writer.writerows(ROWS)
 
@@ -27,7 +29,8 @@ def test_replot_from_csv(tmp_path):
     source = tmp_path / "h100.csv"
     write_fixture(source)
     paths = plot.plot(plot.read_rows(source), "h100", out_dir=tmp_path)
-    assert [p.name for p in paths] == ["perf_h100.svg", "perf_h100.png"]
+    names = ["perf_h100", "sizes_h100", "classes_h100"]
+    assert [p.name for p in paths] == [f"{name}.{ext}" for name in names for ext in ("svg", "png")]
     assert all(p.stat().st_size > 1000 for p in paths)
 
 
@@ -46,3 +49,12 @@ def test_tables_are_rewritten_between_markers(tmp_path):
     assert plot.update_documents(csv_dir=tmp_path, documents=[doc]) == [doc]
     text = doc.read_text()
     assert "stale" not in text and "| 8192x8192x8192 | 549.8 | 72.0 |" in text and text.endswith("after\n")
+
+
+def test_peer_column_and_only_class_shapes_in_tables(tmp_path):
+    source = tmp_path / "h100.csv"
+    write_fixture(source)
+    table = plot.results_table(plot.read_rows(source), ["v1", "triton"])
+    assert "| class | size | v1 | Triton (torch.compile) | cuBLAS |" in table
+    assert "| square | 4096x4096x4096 | 458.1 (60.0%) | 723.4 (94.7%) | 763.5 TFLOPS |" in table
+    assert "512x512x512" not in table  # the square sweep is plotted, not tabled

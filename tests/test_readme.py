@@ -2,9 +2,9 @@
 
 import re
 
-import harness
+from support import cache
 
-README = (harness.REPO / "README.md").read_text()
+README = (cache.REPO / "README.md").read_text()
 
 
 def command(name: str) -> str:
@@ -16,16 +16,16 @@ def command(name: str) -> str:
 def test_main_command_installs_and_runs_the_first_stage():
     main = command("main")
     assert main.startswith("pip install -e .") and "python matmul_v1.py" in main
-    assert (harness.REPO / "matmul_v1.py").exists()
+    assert (cache.REPO / "matmul_v1.py").exists()
 
 
 def test_test_command_installs_the_test_extra_and_runs_pytest():
     test = command("test")
     assert 'pip install -e ".[test]"' in test and "pytest" in test
-    assert "test = [" in (harness.REPO / "pyproject.toml").read_text()
+    assert "test = [" in (cache.REPO / "pyproject.toml").read_text()
 
 
 def test_ci_runs_the_test_command_after_the_cpu_torch():
-    ci = (harness.REPO / ".ci" / "run").read_text().splitlines()
+    ci = (cache.REPO / ".ci" / "run").read_text().splitlines()
     assert command("test") in ci
     assert ci.index("pip install torch==2.13.0") < ci.index(command("test"))

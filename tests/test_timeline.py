@@ -1,46 +1,293 @@
-"""The schematic timeline model behind docs/figures/timeline_v*.svg."""
+"""The schematic timeline model behind docs/figures/timeline_v*.svg.
+
+Each test states a property of one kernel's K loop as matmul_v*.py writes it, and checks
+that the model's schedule has it, for the drawn ring depth and for the others in the
+kernels' autotune spaces.
+"""
 
 import importlib.util
 from pathlib import Path
+
+import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "docs" / "timeline.py"
 spec = importlib.util.spec_from_file_location("timeline", SCRIPT)
 timeline = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(timeline)
 
+TMA, TC = timeline.TMA, timeline.TC
+RINGS = (2, 3, 4)  # ring depths to check besides the drawn one
+STEPS = timeline.STEPS
 
-def bars_of(bars, unit):
-    return sorted((start, start + duration) for u, start, duration, _ in bars if u == unit)
+
+def end(bar):
+    return bar.start + bar.duration
 
 
 def overlaps(a, b):
-    return a[0] < b[1] and b[0] < a[1]
+    return a.start < end(b) and b.start < end(a)
 
 
-def test_v1_never_overlaps_loads_and_mmas():
+def loads(bars):
+    return {b.step: b for b in bars if b.lane == TMA}
+
+
+def mmas(bars):
+    return sorted((b for b in bars if b.lane == TC), key=lambda b: b.start)
+
+
+def issues(bars, what):
+    """{(step, role): the bar of the role issuing `what` for that step}"""
+    return {(b.step, b.lane): b for b in bars if b.kind == "issue" and b.what == what}
+
+
+def in_flight(intervals, cycle):
+    return sum(start <= cycle < stop for start, stop in intervals)
+
+
+def most_in_flight(intervals, window):
+    """The most intervals (start, stop) that overlap at any one cycle inside window."""
+    lo, hi = window
+    points = {lo} | {start for start, _ in intervals if lo <= start < hi}
+    return max(in_flight(intervals, p) for p in points)
+
+
+def outstanding_mmas(bars):
+    """(issued, finished) of every MMA: from the end of its issue to the end of its run."""
+    issued = issues(bars, "mma")
+    return [(end(issued[m.step, m.by]), end(m)) for m in mmas(bars)]
+
+
+def lane_of(bars, lane):
+    return [b for b in bars if b.lane == lane]
+
+
+# ---------------------------------------------------------------------------------------
+# The constants
+
+
+def test_constants_are_the_stated_arithmetic():
+    # 989 TFLOPS dense fp16 over 132 SMs at 1.83 GHz is ~4096 FLOP per cycle per SM
+    assert abs(989e12 / (132 * timeline.CLOCK_GHZ * 1e9) - timeline.FLOP_PER_CYCLE) < 0.01 * 4096
+    # one 128x128x64 step: 2 * 128 * 128 * 64 FLOP / 4096 FLOP per cycle = 512 cycles
+    assert timeline.MMA == 2 * 128 * 128 * 64 // 4096 == 512
+    # a ~1 us load is 1e-6 s * 1.83e9 cycles/s = 1830 cycles; the model rounds to 1800
+    assert abs(timeline.LOAD - 1e-6 * timeline.CLOCK_GHZ * 1e9) < 50
+    # v3's 128x256 step is twice that; on Hopper each consumer's 64x256x64 wgmma is 512
+    assert timeline.mma_cycles(128, 256, 64) == 1024
+    assert timeline.mma_cycles(64, 256, 64) == 512
+
+
+def test_the_constants_reach_the_subtitles():
+    for _, _, subtitle, _ in timeline.figures():
+        text = " ".join(subtitle)
+        assert "not a measurement" in text
+        assert f"{timeline.LOAD} cycles" in text and "~1 us" in text
+
+
+SCHEDULES = {"v1": (timeline.schedule_v1, 1), "v2 blackwell": (timeline.schedule_v2_blackwell, 1),
+             "v2 hopper": (timeline.schedule_v2_hopper, 1), "v3 blackwell": (timeline.schedule_v3_blackwell, 1),
+             "v3 hopper": (timeline.schedule_v3_hopper, 2)}
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_every_step_is_loaded_once_and_multiplied_once_per_consumer(name):
+    schedule, consumers = SCHEDULES[name]
+    bars = schedule()
+    assert sorted(b.step for b in bars if b.lane == TMA) == list(range(STEPS))
+    assert sorted(b.step for b in bars if b.lane == TC) == sorted(list(range(STEPS)) * consumers)
+    runs = mmas(bars)  # the tensor cores run one MMA at a time
+    assert all(end(a) <= b.start for a, b in zip(runs, runs[1:]))
+    step_loaded = {b.step: end(b) for b in bars if b.lane == TMA}
+    assert all(m.start >= step_loaded[m.step] for m in runs)
+
+
+# ---------------------------------------------------------------------------------------
+# v1
+
+
+def test_v1_never_overlaps_a_load_with_an_mma():
     bars = timeline.schedule_v1()
-    for load in bars_of(bars, timeline.TMA):
-        for mma in bars_of(bars, timeline.TC):
+    assert len(mmas(bars)) == len(loads(bars)) == STEPS
+    for load in loads(bars).values():
+        for mma in mmas(bars):
             assert not overlaps(load, mma)
 
 
-def test_v2_overlaps_some_load_with_some_mma():
-    bars = timeline.schedule_v2()
-    assert any(overlaps(load, mma)
-               for load in bars_of(bars, timeline.TMA) for mma in bars_of(bars, timeline.TC))
+def test_v1_multiplies_a_step_only_after_its_load_and_loads_only_after_the_last_mma():
+    bars = timeline.schedule_v1()
+    load, mma = loads(bars), {m.step: m for m in mmas(bars)}
+    for i in range(STEPS):
+        assert mma[i].start >= end(load[i])
+        if i:
+            assert load[i].start >= end(mma[i - 1])
 
 
-def test_v3_mmas_run_back_to_back_once_the_ring_is_full():
-    mmas = bars_of(timeline.schedule_v3(), timeline.TC)
-    assert len(mmas) == timeline.STEPS
-    for i in range(timeline.STAGES, timeline.STEPS):
-        assert mmas[i][0] == mmas[i - 1][1]
+# ---------------------------------------------------------------------------------------
+# v2 Blackwell: one warp; waits for every MMA; refills the slot it just used
 
 
-def test_each_stage_is_faster_than_the_last():
-    v1, v2, v3 = (timeline.total(s()) for s in
-                  (timeline.schedule_v1, timeline.schedule_v2, timeline.schedule_v3))
-    assert v1 > v2 > v3
+@pytest.mark.parametrize("stages", RINGS)
+def test_v2_blackwell_has_at_most_stages_minus_1_loads_in_flight_during_an_mma(stages):
+    bars = timeline.schedule_v2_blackwell(stages=stages)
+    intervals = [(b.start, end(b)) for b in loads(bars).values()]
+    during = [most_in_flight(intervals, (mma.start, end(mma))) for mma in mmas(bars)]
+    # the slot the running MMA reads is refilled only after it, so the bound is reached
+    assert max(during) == stages - 1
+
+
+@pytest.mark.parametrize("stages", RINGS)
+def test_v2_blackwell_waits_for_every_mma_before_the_next(stages):
+    bars = timeline.schedule_v2_blackwell(stages=stages)
+    runs = mmas(bars)
+    issued = issues(bars, "mma")
+    for before, after in zip(runs, runs[1:]):
+        assert issued[after.step, timeline.WARP_V2_BW].start >= end(before)
+        assert after.start > end(before)  # so a gap opens between every two MMAs
+    assert max(in_flight(outstanding_mmas(bars), m.start) for m in runs) == 1
+
+
+@pytest.mark.parametrize("stages", RINGS)
+def test_v2_blackwell_prologue_fills_every_slot(stages):
+    bars = timeline.schedule_v2_blackwell(stages=stages)
+    first_mma = mmas(bars)[0].start
+    assert sorted(s for s, b in loads(bars).items() if b.start < first_mma) == list(range(stages))
+
+
+# ---------------------------------------------------------------------------------------
+# v2 Hopper: one warpgroup; wait_group(1); refills the previous step's slot after a sync
+
+
+@pytest.mark.parametrize("stages", RINGS)
+def test_v2_hopper_overlaps_loads_with_mmas(stages):
+    bars = timeline.schedule_v2_hopper(stages=stages)
+    assert any(overlaps(load, mma) for load in loads(bars).values() for mma in mmas(bars))
+
+
+@pytest.mark.parametrize("stages", RINGS)
+def test_v2_hopper_keeps_at_most_one_wgmma_queued_behind_the_running_one(stages):
+    bars = timeline.schedule_v2_hopper(stages=stages)
+    outstanding = outstanding_mmas(bars)
+    most = max(in_flight(outstanding, start) for start, _ in outstanding)
+    assert most <= 2  # one runs, one may be queued
+    # with 2 slots the next load is only issued after wait_group(1): nothing is ever queued
+    assert most == (2 if stages > 2 else 1)
+
+
+@pytest.mark.parametrize("stages", RINGS)
+def test_v2_hopper_prologue_fills_all_slots_but_one_and_refills_a_step_late(stages):
+    bars = timeline.schedule_v2_hopper(stages=stages)
+    first_mma = mmas(bars)[0].start
+    assert sorted(s for s, b in loads(bars).items() if b.start < first_mma) == list(range(stages - 1))
+    # step j goes into the slot step j - stages used, once step j - stages + 1's wgmma is issued
+    issued = issues(bars, "mma")
+    for j, load in loads(bars).items():
+        if j >= stages:
+            assert load.start >= end(issued[j - stages + 1, timeline.WARP_V2_HP])
+
+
+def test_the_two_v2_kernels_differ_in_what_the_figure_shows():
+    v2 = timeline.schedule_v2()
+    blackwell, hopper = (outstanding_mmas(v2[gpu]) for gpu in ("blackwell", "hopper"))
+    assert max(in_flight(blackwell, s) for s, _ in blackwell) == 1
+    assert max(in_flight(hopper, s) for s, _ in hopper) == 2
+    (_, _, _, panels), = (f for f in timeline.figures() if f[0] == "timeline_v2")
+    assert [title.split(":")[0] for _, _, title in panels] == ["Blackwell", "Hopper"]
+
+
+# ---------------------------------------------------------------------------------------
+# v3: a producer warp, and a consumer (Blackwell: MMA warp; Hopper: two warpgroups)
+
+V3 = {"blackwell": (timeline.schedule_v3_blackwell, (timeline.MMA_WARP,)),
+      "hopper": (timeline.schedule_v3_hopper, timeline.CONSUMERS)}
+
+
+@pytest.mark.parametrize("gpu", V3)
+def test_v3_producer_and_consumers_have_lanes_of_their_own(gpu):
+    schedule, consumers = V3[gpu]
+    bars = schedule()
+    producer = lane_of(bars, timeline.PRODUCER)
+    assert {b.what for b in producer if b.kind == "issue"} == {"load"}
+    assert {b.what for b in producer if b.kind == "wait"} == {"freed"}  # empty barriers only
+    for lane in consumers:
+        consumer = lane_of(bars, lane)
+        assert "load" not in {b.what for b in consumer if b.kind == "issue"}
+        assert {b.what for b in consumer if b.kind == "wait"} <= {"loaded", "mma"}
+        assert sum(b.what == "mma" for b in consumer if b.kind == "issue") == STEPS
+    (_, _, _, panels), = (f for f in timeline.figures() if f[0] == "timeline_v3")
+    (_, lanes, title), = (p for p in panels if p[2].lower().startswith(gpu))
+    assert lanes == (timeline.PRODUCER, TMA, TC) + consumers
+
+
+@pytest.mark.parametrize("gpu", V3)
+@pytest.mark.parametrize("stages", RINGS)
+def test_v3_producer_first_trip_round_the_ring_does_not_wait(gpu, stages):
+    bars = V3[gpu][0](stages=stages)
+    producer = lane_of(bars, timeline.PRODUCER)
+    ring_full = end(issues(bars, "load")[stages - 1, timeline.PRODUCER])
+    assert not [b for b in producer if b.kind == "wait" and b.start < ring_full]
+
+
+@pytest.mark.parametrize("gpu", V3)
+def test_v3_mmas_run_back_to_back_once_the_ring_is_full(gpu):
+    bars = V3[gpu][0]()
+    runs = mmas(bars)
+    first = next(n for n, m in enumerate(runs) if m.step == timeline.STAGES)
+    for before, after in zip(runs[first - 1:], runs[first:]):
+        assert after.start == end(before)
+
+
+@pytest.mark.parametrize("gpu", V3)
+@pytest.mark.parametrize("stages", RINGS + (timeline.STAGES,))
+def test_v3_refills_a_slot_only_after_the_mmas_that_read_it_finished(gpu, stages):
+    bars = V3[gpu][0](stages=stages)
+    load = loads(bars)
+    for j in range(stages, STEPS):
+        readers = [m for m in mmas(bars) if m.step == j - stages]
+        assert len(readers) == len(V3[gpu][1])  # every consumer read it
+        assert issues(bars, "load")[j, timeline.PRODUCER].start >= max(end(m) for m in readers)
+        assert load[j].start >= max(end(m) for m in readers)
+
+
+@pytest.mark.parametrize("stages", RINGS)
+def test_v3_blackwell_mma_warp_never_waits_for_an_mma_until_the_flush(stages):
+    bars = timeline.schedule_v3_blackwell(stages=stages)
+    waits = [b for b in lane_of(bars, timeline.MMA_WARP) if b.kind == "wait" and b.what == "mma"]
+    assert [w.label for w in waits] == ["flush"]
+    assert end(waits[0]) == end(mmas(bars)[-1]) == timeline.total(bars)
+
+
+@pytest.mark.parametrize("stages", RINGS)
+def test_v3_hopper_frees_a_slot_after_wait_group_1_of_the_next_step(stages):
+    bars = timeline.schedule_v3_hopper(stages=stages)
+    issued = issues(bars, "mma")
+    arrives = issues(bars, "arrive")
+    for lane in timeline.CONSUMERS:
+        for i in range(STEPS - 1):
+            # step i's slot is released only after step i + 1's wgmma was issued ...
+            assert arrives[i, lane].start >= end(issued[i + 1, lane])
+            # ... and step i's wgmma has finished (wait_group(1))
+            (mma,) = (m for m in mmas(bars) if m.step == i and m.by == lane)
+            assert arrives[i, lane].start >= end(mma)
+        assert (STEPS - 1, lane) not in arrives  # nothing waits for the last slot
+        # each consumer keeps one wgmma in flight besides the one it just issued
+        own = [(end(issued[m.step, lane]), end(m)) for m in mmas(bars) if m.by == lane]
+        assert max(in_flight(own, s) for s, _ in own) <= 2
+        # the flush: wait_group(0) after the loop ends when the consumer's last wgmma does
+        last = lane_of(bars, lane)[-1]
+        assert last.kind == "wait" and last.label == "flush"
+        assert end(last) == max(e for _, e in own)
+
+
+# ---------------------------------------------------------------------------------------
+# across the stages, and the files
+
+
+def test_each_stage_keeps_the_tensor_cores_busier_than_the_last():
+    v1 = timeline.tensor_busy(timeline.schedule_v1())
+    v2 = [timeline.tensor_busy(b) for b in timeline.schedule_v2().values()]
+    v3 = [timeline.tensor_busy(b) for b in timeline.schedule_v3().values()]
+    assert v1 < min(v2) and max(v2) < min(v3)
 
 
 def test_main_writes_three_identical_svgs_on_every_run(tmp_path):
@@ -50,3 +297,4 @@ def test_main_writes_three_identical_svgs_on_every_run(tmp_path):
         "timeline_v1.svg", "timeline_v2.svg", "timeline_v3.svg"]
     assert all(svg.startswith(b"<?xml") for svg in first)
     assert first == second
+

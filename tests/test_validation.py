@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import STAGES
 
-import harness
+from support import checks, gpu
 import matmul_v1
 
 
@@ -58,7 +58,7 @@ def test_too_large_for_32_bit_indexing():
     a = torch.empty(2**16, 2**15 + 8, dtype=torch.float16, device="meta")
     b = torch.empty(8, 2**15 + 8, dtype=torch.float16, device="meta")
     with pytest.raises(ValueError, match="32-bit integers"):
-        harness.check_inputs(a, b)
+        checks.check_inputs(a, b)
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -72,22 +72,22 @@ def test_unsupported_gpu_is_named(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
-    with pytest.raises(harness.UnsupportedGPUError, match="A100-SXM4-80GB is sm_80; these kernels need Hopper"):
-        harness.gpu_arch()
-    assert issubclass(harness.UnsupportedGPUError, ValueError)
+    with pytest.raises(gpu.UnsupportedGPUError, match="A100-SXM4-80GB is sm_80; these kernels need Hopper"):
+        gpu.gpu_arch()
+    assert issubclass(gpu.UnsupportedGPUError, ValueError)
 
 
 @pytest.mark.parametrize("capability, arch", [((9, 0), "hopper"), ((10, 0), "blackwell"), ((10, 3), "blackwell")])
 def test_dispatch_by_compute_capability(monkeypatch, capability, arch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    assert harness.gpu_arch() == arch
+    assert gpu.gpu_arch() == arch
 
 
 def test_no_gpu_is_named(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(harness.UnsupportedGPUError, match="no CUDA GPU is visible"):
-        harness.gpu_arch()
+    with pytest.raises(gpu.UnsupportedGPUError, match="no CUDA GPU is visible"):
+        gpu.gpu_arch()
 
 
 @pytest.mark.parametrize(
@@ -95,4 +95,4 @@ def test_no_gpu_is_named(monkeypatch):
     [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H200", "h200"), ("NVIDIA B200", "b200")],
 )
 def test_gpu_slug(name, slug):
-    assert harness.gpu_slug(name) == slug
+    assert gpu.gpu_slug(name) == slug

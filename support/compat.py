@@ -4,9 +4,23 @@ Each workaround replaces one attribute of a tilus module or class, names the def
 shows, and has a test in ``tests/test_compat.py`` that builds a kernel with the
 workaround off and expects the defect: once a tilus release fixes it, that test fails and
 the workaround can be deleted. They apply only to the release below; importing
-:mod:`harness` applies them. The only other place that reaches into tilus is harness's
-build without a GPU, which swaps tilus' compile step for an object-only nvcc call because
-0.2.0 has no compile-only API.
+:mod:`support` applies them.
+
+Besides these, support/ reaches into tilus internals where 0.2.0 has no public API.
+All of them, in one place, so an upgrade knows what to check:
+
+- ``InstantiatedScript._jit_instance_for``: the JIT instance of a script for some
+  arguments, without running it (dispatch.jit_instance, build.build_schedules).
+- ``InstantiatedScript.jit_instances`` and ``.dispatch_table``, ``JitInstance.schedules``,
+  ``.valid_schedules``, ``.compiled_programs``, ``.transpiled_programs``,
+  ``.transpiled_schedules``, ``.failed_scheduling``, ``.build_options``, ``.dispatch_table``,
+  ``.load_dispatch_table``, ``.dump_dispatch_table``, ``.cache_dir``, ``.cache_dir_lock``:
+  reading and writing the autotuner's pick (dispatch), building every schedule (build).
+- ``tilus.lang.instantiated_script.extract_keys``: the size bucket of a call (dispatch).
+- ``Script._autotune_space``: the size of the autotune space (dispatch.space_size).
+- ``tilus.target._target`` and ``tilus.drivers.compile_source``: swapped while building
+  for another GPU without one (build._building_for).
+- ``tilus.hidet.backend.build.NVCC``: its compile command, stopped at an object file (build).
 """
 
 import contextlib

@@ -1,0 +1,64 @@
+"""What ``matmul(a, b, out)`` accepts: each rule a TypeError or ValueError that names it."""
+
+import torch
+
+
+def _check_tensor(name: str, t, shape=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float16:
+        raise TypeError(f"{name} must be torch.float16, got {t.dtype}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D, got {t.dim()}-D with shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} (M x N), got {tuple(t.shape)}")
+
+
+def _check_layout(name: str, t: torch.Tensor) -> None:
+    rows, cols = t.shape
+    if t.stride(1) != 1 or (rows > 1 and t.stride(0) != cols):
+        raise ValueError(
+            f"{name} must be contiguous (row-major, strides ({cols}, 1)), got strides {t.stride()}; "
+            "call .contiguous() first"
+        )
+    if cols % 8:
+        raise ValueError(
+            f"{name} has {cols} columns: TMA needs 16-byte row strides, so the row length must be a "
+            "multiple of 8 for fp16 (K for A and B, N for the output); pad it"
+        )
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name} must start at a 16-byte aligned address for TMA (a sliced view may not)")
+
+
+def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
+    x0, y0 = x.data_ptr(), y.data_ptr()
+    return x.device == y.device and x0 < y0 + y.numel() * 2 and y0 < x0 + x.numel() * 2
+
+
+def check_inputs(a, b, out=None) -> tuple[int, int, int]:
+    """Validate ``matmul(a, b, out)`` input; return (M, N, K). Raises TypeError/ValueError naming the rule."""
+    _check_tensor("a", a)
+    _check_tensor("b", b)
+    (m, k), (n, kb) = a.shape, b.shape
+    if k != kb:
+        raise ValueError(f"K mismatch: a is {m}x{k} and b is {n}x{kb}; C = A @ B.T needs a.shape[1] == b.shape[1]")
+    if 0 in (m, n, k):
+        raise ValueError(f"empty dimension: M={m}, N={n}, K={k}; all must be at least 1")
+    if max(m * k, n * k, m * n) >= 2**31:
+        raise ValueError(f"{m}x{n}x{k} is too large: the kernels index each matrix with 32-bit integers")
+    _check_layout("a", a)
+    _check_layout("b", b)
+    if out is not None:
+        _check_tensor("out", out, shape=(m, n))
+    if n % 8:
+        raise ValueError(f"N={n}: the output's rows are stored by TMA, so N must be a multiple of 8 for fp16; pad b")
+    if out is not None:
+        _check_layout("out", out)
+    for name, t in (("a", a), ("b", b), ("out", out)):
+        if t is not None and t.device.type != "cuda":
+            raise ValueError(f"{name} is on the {t.device.type.upper()}; move it to the GPU (.cuda())")
+    if b.device != a.device or (out is not None and out.device != a.device):
+        raise ValueError(f"a, b and out must be on one GPU, got {a.device}, {b.device}, {getattr(out, 'device', '-')}")
+    if out is not None and (_overlaps(out, a) or _overlaps(out, b)):
+        raise ValueError("out must not share memory with a or b")
+    return m, n, k

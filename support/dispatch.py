@@ -1,0 +1,124 @@
+"""Running a stage's kernel: validate, pick the kernel for this GPU, tune once per size bucket, launch.
+
+tilus 0.2.0 autotunes on the first call for each bucket of (M, N, K), timing every
+schedule five times right after building, while the GPU is still clocking up from idle.
+``tune_once`` ranks the schedules itself first, on a warm GPU, with the timer of
+``measure``, and writes its pick into tilus' dispatch table: tilus then finds the
+bucket tuned and never times anything itself. The ranking is saved beside the cache.
+"""
+
+import math
+import sys
+
+import filelock
+import torch
+from tilus.lang.instantiated_script import extract_keys
+
+from support.cache import use_cache
+from support.checks import check_inputs
+from support.gpu import gpu_arch, gpu_label
+from support.measure import time_samples, warm_up_gpu
+
+TUNE_QUICK_RUNS = 10  # first pass: every schedule, median of this many runs
+TUNE_FINALISTS = 3  # second pass: the best few, interleaved in rounds as in time_against_cublas
+TUNE_FINAL_RUNS = 30
+
+
+def launch(kernels: dict, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Validate, pick the kernel for this GPU, run it (autotuning on the first call per size bucket)."""
+    m, n, k = check_inputs(a, b, out)
+    script_cls = kernels[gpu_arch(a.device)]
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.float16, device=a.device)
+    with torch.cuda.device(a.device):
+        use_cache(script_cls, gpu_label(a.device))
+        script = script_cls()
+        tune_once(script, m, n, k, a, b, out)
+        script(m, n, k, a, b, out)
+    return out
+
+
+def jit_instance(script_cls, m: int, n: int, k: int):
+    """The JIT instance of a GEMM stage for a size: it holds every schedule of the autotune space.
+
+    tilus 0.2.0 has no public compile(); ``.programs()`` builds every schedule.
+    """
+    return script_cls()._jit_instance_for(m, n, k, 0, 0, 0)
+
+
+def keys(script, m: int, n: int, k: int):
+    """tilus' (JIT key, tuning key) for a GEMM call at this size: the tuning key is its size bucket."""
+    return extract_keys((m, n, k, None, None, None), script.const_params, script.tuning_params)
+
+
+def chosen_schedule(script_cls, m: int, n: int, k: int) -> dict:
+    """The schedule picked for this size bucket (after a call at that size)."""
+    script = script_cls()
+    jit_key, tuning_key = keys(script, m, n, k)
+    jit = script.jit_instances[jit_key]
+    return jit.schedules[jit.valid_schedules[jit.dispatch_table[tuning_key]]]
+
+
+def format_schedule(schedule: dict) -> str:
+    return " ".join(f"{key}={value}" for key, value in schedule.items())
+
+
+def space_size(script_cls) -> int:
+    """How many schedules a kernel's stacked @tilus.autotune decorators span (their product)."""
+    return math.prod(len(values) for values in script_cls._autotune_space.values())
+
+
+def rank_schedules(jit, launch_args: tuple) -> list[tuple[float, int]]:
+    """(median ms, program index) for every built schedule, fastest first.
+
+    Pass 1 times every schedule (median of TUNE_QUICK_RUNS, L2 flushed before each run);
+    pass 2 re-times the TUNE_FINALISTS fastest interleaved, TUNE_FINAL_RUNS runs each, so
+    that clock drift hits all finalists alike.
+    """
+    a, b = launch_args[3], launch_args[4]
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    funcs = [compiled.get_launch_func() for compiled in jit.compiled_programs]
+    warm_up_gpu(a, b)
+    quick = []
+    for index, func in enumerate(funcs):
+        samples = time_samples(lambda: func(*launch_args), TUNE_QUICK_RUNS, flush)
+        quick.append((float(torch.tensor(samples).median()), index))
+    quick.sort()
+    finalists = [index for _, index in quick[:TUNE_FINALISTS]]
+    samples = {index: [] for index in finalists}
+    rounds = 3
+    for _ in range(rounds):
+        for index in finalists:
+            samples[index] += time_samples(lambda: funcs[index](*launch_args), TUNE_FINAL_RUNS // rounds, flush)
+    final = sorted((float(torch.tensor(samples[index]).median()), index) for index in finalists)
+    return final + quick[TUNE_FINALISTS:]
+
+
+def tune_once(script, m: int, n: int, k: int, a, b, out) -> None:
+    """Pick this size bucket's schedule with rank_schedules, unless tilus already has one cached."""
+    jit_key, tuning_key = keys(script, m, n, k)
+    if (jit_key, tuning_key) in script.dispatch_table:
+        return
+    jit = script._jit_instance_for(m, n, k, a, b, out)
+    jit.programs()  # builds every schedule (cached on disk) and loads the saved picks
+    if tuning_key in jit.dispatch_table or len(jit.compiled_programs) == 1:
+        return
+    with filelock.FileLock(jit.cache_dir_lock):
+        jit.load_dispatch_table()  # another process may have tuned this bucket meanwhile
+        if tuning_key in jit.dispatch_table:
+            return
+        name = script.script_cls.__name__
+        print(f"tuning {name} at {m}x{n}x{k}: timing {len(jit.compiled_programs)} schedules on a warm GPU...",
+              file=sys.stderr, flush=True)
+        ranking = rank_schedules(jit, (m, n, k, a, b, out))
+        best_ms, best = ranking[0]
+        jit.dispatch_table[tuning_key] = best
+        jit.dump_dispatch_table()
+        report = jit.cache_dir / "tuning" / f"{m}x{n}x{k}.txt"
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text("".join(
+            f"{ms:.4f} ms  {format_schedule(jit.schedules[jit.valid_schedules[index]])}\n" for ms, index in ranking
+        ))
+        print(f"tuning {name} at {m}x{n}x{k}: {best_ms:.4f} ms with "
+              f"{format_schedule(jit.schedules[jit.valid_schedules[best]])} (all times: {report})",
+              file=sys.stderr, flush=True)

@@ -1,0 +1,97 @@
+"""Correctness and timing: random inputs, the error against an fp32 reference, the timer.
+
+Timing: the median of many runs after warm-up, with CUDA events around each run, a 256
+MiB buffer zeroed before each so L2 starts cold, the host queued ahead behind a short
+GPU spin, and cuBLAS timed in the same process, interleaved in rounds.
+"""
+
+import math
+import os
+import sys
+import time
+
+import torch
+
+# The output is fp16, so rounding it alone gives a relative Frobenius error of about
+# 2**-11 / sqrt(3) = 2.8e-4 (fp32 accumulation adds ~1e-6). 1e-3 leaves 3.5x headroom;
+# one wrong 128x128 tile of a 4096x4096 result already gives > 3e-2.
+REL_ERR_TOL = 1e-3
+
+
+def sync_or_exit(what: str, timeout_s: float) -> None:
+    """Synchronize, but treat a kernel that runs past timeout_s as a deadlock and exit the process."""
+    done = torch.cuda.Event()
+    done.record()
+    deadline = time.monotonic() + timeout_s
+    while not done.query():
+        if time.monotonic() > deadline:
+            print(
+                f"\nTIMEOUT: {what} did not finish within {timeout_s:.0f} s. A kernel that never "
+                "finishes is usually waiting on an mbarrier phase that never completes (wrong "
+                "initial phase, arrival count or expected bytes). Exiting.",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(3)
+        time.sleep(0.0005)
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref||_F / ||ref||_F, NaN if any element is not finite (so an unwritten NaN-poisoned tile fails)."""
+    out32 = out.float()
+    if not torch.isfinite(out32).all():
+        return math.nan
+    return (torch.linalg.norm(out32 - ref) / torch.linalg.norm(ref)).item()
+
+
+def passes(err: float) -> bool:
+    return math.isfinite(err) and err <= REL_ERR_TOL
+
+
+def random_inputs(m: int, n: int, k: int, seed: int):
+    """Fresh random (never zero) fp16 inputs and the fp32 reference C = A @ B.T."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn((m, k), generator=gen, device="cuda", dtype=torch.float32).half()
+    b = torch.randn((n, k), generator=gen, device="cuda", dtype=torch.float32).half()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return a, b, a.float() @ b.float().T
+
+
+def time_samples(fn, repeat: int, flush: torch.Tensor) -> list[float]:
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(20_000_000)  # ~10 ms of GPU spin so the host queues every run before the first starts
+    for start, end in zip(starts, ends):
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in zip(starts, ends)]
+
+
+def time_against_cublas(kernel_fn, cublas_fn, repeat: int, warmup: int = 10) -> tuple[float, float]:
+    """Median ms of kernel_fn and cublas_fn, measured interleaved in rounds so clock drift hits both."""
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > L2, zeroed before every run
+    for _ in range(warmup):
+        kernel_fn()
+        cublas_fn()
+    ours, theirs = [], []
+    rounds = 5
+    for _ in range(rounds):
+        theirs += time_samples(cublas_fn, math.ceil(repeat / rounds), flush)
+        ours += time_samples(kernel_fn, math.ceil(repeat / rounds), flush)
+    return float(torch.tensor(ours).median()), float(torch.tensor(theirs).median())
+def tflops(m: int, n: int, k: int, ms: float) -> float:
+    return 2 * m * n * k / (ms * 1e-3) / 1e12
+
+
+def warm_up_gpu(a: torch.Tensor, b: torch.Tensor, seconds: float = 0.3) -> None:
+    """Keep the tensor cores busy until the clocks have left their idle state."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(4):
+            torch.matmul(a, b.T)
+        torch.cuda.synchronize()

@@ -15,12 +15,15 @@ Writes docs/figures/perf_<gpu>.* (bars, one group per shape of each class), size
 (TFLOPS across square sizes) and classes_<gpu>.* (a panel per shape class), each with the
 GPU's dense fp16 peak where known, and rewrites every results table in README.md and
 docs/*.md that sits between ``<!-- results <gpu> <versions> -->`` and ``<!-- /results -->``,
-so no measured number is typed by hand.
+so no measured number is typed by hand. It also redraws the figures that come from
+models (docs/timeline.py, docs/raster.py). The per-schedule build tables come from the
+builds: ``python docs/evidence.py``.
 """
 
 import argparse
 import csv
 import importlib
+import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -317,7 +320,20 @@ def main(argv=None) -> int:
             print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
     for document in update_documents():
         print(f"updated the results tables in {document.relative_to(REPO)}")
+    for path in model_figures():
+        print(f"wrote {path.relative_to(REPO)} (a model)")
     return 0
+
+
+def model_figures() -> list[Path]:
+    """The figures drawn from models, not measurements: the timelines of v1-v3 and v4's tile order."""
+    scripts = {}
+    for name in ("timeline", "raster"):
+        spec = importlib.util.spec_from_file_location(name, REPO / "docs" / f"{name}.py")
+        scripts[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(scripts[name])
+    scripts["raster"].update_page()
+    return [*scripts["timeline"].main(), scripts["raster"].draw()]
 
 
 if __name__ == "__main__":

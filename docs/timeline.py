@@ -464,10 +464,10 @@ def main(out_dir=FIGURES, suffix=".svg"):
         path = out_dir / f"{name}{suffix}"
         _draw(panels, title, subtitle, xmax, path)
         paths.append(path)
-        shown = path.resolve()
-        print(f"wrote {shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown}")
     return paths
 
 
 if __name__ == "__main__":
-    main()
+    for written in main():
+        shown = written.resolve()
+        print(f"wrote {shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown}")

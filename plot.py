@@ -16,8 +16,8 @@ Writes docs/figures/perf_<gpu>.* (bars, one group per shape of each class), size
 GPU's dense fp16 peak where known, and rewrites every results table in README.md and
 docs/*.md that sits between ``<!-- results <gpu> <versions> -->`` and ``<!-- /results -->``,
 so no measured number is typed by hand. It also redraws the figures that come from
-models (docs/timeline.py, docs/raster.py). The per-schedule build tables come from the
-builds: ``python docs/evidence.py``.
+models (docs/timeline.py, docs/raster.py) and rewrites each stage's build evidence table
+from the builds (docs/evidence.py; no GPU needed, slow only the first time).
 """
 
 import argparse
@@ -322,18 +322,24 @@ def main(argv=None) -> int:
         print(f"updated the results tables in {document.relative_to(REPO)}")
     for path in model_figures():
         print(f"wrote {path.relative_to(REPO)} (a model)")
+    print("build evidence: building every schedule without a GPU (cached after the first time)...", flush=True)
+    for document in _docs_script("evidence").update_all(progress=lambda line: None):
+        print(f"updated the build evidence tables in {document.relative_to(REPO)}")
     return 0
+
+
+def _docs_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "docs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def model_figures() -> list[Path]:
     """The figures drawn from models, not measurements: the timelines of v1-v3 and v4's tile order."""
-    scripts = {}
-    for name in ("timeline", "raster"):
-        spec = importlib.util.spec_from_file_location(name, REPO / "docs" / f"{name}.py")
-        scripts[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(scripts[name])
-    scripts["raster"].update_page()
-    return [*scripts["timeline"].main(), scripts["raster"].draw()]
+    raster = _docs_script("raster")
+    raster.update_page()
+    return [*_docs_script("timeline").main(), raster.draw()]
 
 
 if __name__ == "__main__":

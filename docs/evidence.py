@@ -78,19 +78,19 @@ def update_pages(tables: dict, pages: list[Path]) -> list[Path]:
     return changed
 
 
-def main() -> int:
+def update_all(progress=print) -> list[Path]:
+    """Build every schedule of every stage (cached) and rewrite the tables; return the pages that changed."""
     sys.path.insert(0, str(REPO))
     from support import build
 
     tables = {}
     for path in sorted(REPO.glob("matmul_v*.py")):
         module = importlib.import_module(path.stem)
-        results = {arch: build.build_schedules(kernel, arch) for arch, kernel in module.KERNELS.items()}
+        results = {arch: build.build_schedules(kernel, arch, progress=progress) for arch, kernel in module.KERNELS.items()}
         tables[path.stem.removeprefix("matmul_")] = evidence_table(results)
-    for page in update_pages(tables, sorted(DOCS.glob("v*.md"))):
-        print(f"updated the evidence table in {page.relative_to(REPO)}")
-    return 0
+    return update_pages(tables, sorted(DOCS.glob("v*.md")))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    for changed in update_all():
+        print(f"updated the evidence table in {changed.relative_to(REPO)}")

@@ -32,7 +32,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
 
 from support import cache, cli, gpu, measure  # noqa: E402
 

@@ -16,7 +16,7 @@ import sys
 import pytest
 from conftest import overlaps, shared_memory_map
 
-from support import build, cache, compat
+from support import cache, compat
 
 pytestmark = pytest.mark.skipif(not compat.needed(), reason=f"the defects are those of tilus {compat.AFFECTED_TILUS}")
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import STAGES
 
-from support import cache, cli, gpu, measure
+from support import cache, gpu, measure
 
 pytestmark = pytest.mark.gpu
 

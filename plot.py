@@ -182,6 +182,11 @@ def _save(fig, out_dir: Path, name: str) -> list[Path]:
     return paths
 
 
+def _top(rows: list[dict], slug: str) -> float:
+    """The y-axis top: room above the GPU's peak line and the fastest measurement."""
+    return max(PEAK_TFLOPS.get(slug, 0), *(float(r["tflops"]) for r in rows)) * 1.12
+
+
 def _peak_line(ax, slug: str) -> None:
     if slug in PEAK_TFLOPS:
         ax.axhline(PEAK_TFLOPS[slug], color="black", linestyle="--", linewidth=0.8)
@@ -206,7 +211,7 @@ def _bars(ax, rows: list[dict], sizes: list[str], slug: str) -> None:
     ax.set_xticks(range(len(sizes)), sizes, fontsize=6)
     ax.set_ylabel("TFLOPS", fontsize=7)
     ax.tick_params(axis="y", labelsize=6)
-    ax.set_ylim(0, max(PEAK_TFLOPS.get(slug, 0), *(float(r["tflops"]) for r in rows)) * 1.12)
+    ax.set_ylim(0, _top(rows, slug))
     _peak_line(ax, slug)
 
 
@@ -237,7 +242,7 @@ def plot(rows: list[dict], slug: str, out_dir: Path = FIGURES) -> list[Path]:
     ax.set_xticks(squares, [str(n) for n in squares], fontsize=7)
     ax.set_xlabel("M = N = K", fontsize=8)
     ax.set_ylabel("TFLOPS", fontsize=8)
-    ax.set_ylim(0, max(PEAK_TFLOPS.get(slug, 0), *(float(r["tflops"]) for r in rows)) * 1.1)
+    ax.set_ylim(0, _top(rows, slug))
     _peak_line(ax, slug)
     ax.set_title(f"Square fp16 GEMMs on {gpu_name}", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")

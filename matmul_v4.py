@@ -65,17 +65,17 @@ from pipeline import Pipeline
 class GroupedTileOrder:
     """The tile a block computes when blocks visit tiles group_m tile rows at a time."""
 
-    def grouped_tile(self, num_m: int32, num_n: int32):
-        """(row, column) of this block's tile in a grid of num_m x num_n tiles.
+    def grouped_tile(self, index: int32, num_m: int32, num_n: int32):
+        """(row, column) of the index-th tile visited in a grid of num_m x num_n tiles.
 
-        Group g holds tile rows g * group_m onward and every column; inside it, block i
-        takes row i % group_m of column i // group_m, so consecutive blocks walk down a
+        Group g holds tile rows g * group_m onward and every column; inside it, tile i
+        is row i % group_m of column i // group_m, so consecutive blocks walk down a
         column and share its B tile while the group's A tiles stay in L2. The last group
         may have fewer rows. fast_divmod needs divisors fixed for the launch (tilus
         computes its magic numbers on the host), so the last group divides by its own row
         count, never by a variable reassigned in a branch.
         """
-        group, in_group = self.fast_divmod(self.blockIdx.x, self.group_m * num_n)
+        group, in_group = self.fast_divmod(index, self.group_m * num_n)
         first_m = group * self.group_m
         tile_m: int32 = 0
         tile_n: int32 = 0
@@ -121,7 +121,7 @@ class BlackwellMatmulV4(GroupedTileOrder, tilus.Script):
         self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
 
         # 1. the tile of C this block computes
-        tile_m, tile_n = self.grouped_tile(num_m, num_n)
+        tile_m, tile_n = self.grouped_tile(self.blockIdx.x, num_m, num_n)
         offset_m: int32 = self.block_m * tile_m
         offset_n: int32 = self.block_n * tile_n
 
@@ -222,7 +222,7 @@ class HopperMatmulV4(GroupedTileOrder, tilus.Script):
         self.attrs.warps = 9  # consumer warpgroups (warps 0-3, 4-7) + producer warp (warp 8)
 
         # 1. the tile of C this block computes
-        tile_m, tile_n = self.grouped_tile(num_m, num_n)
+        tile_m, tile_n = self.grouped_tile(self.blockIdx.x, num_m, num_n)
         offset_m: int32 = self.block_m * tile_m
         offset_n: int32 = self.block_n * tile_n
 

@@ -56,6 +56,14 @@ class Pipeline(tilus.Class):
         self.producer_stage = 0
         self.producer_phase = self.mbarrier.producer_initial_phase
 
+    def producer_start_trips(self):
+        """Before a run of whole trips round the ring (a persistent kernel's tile): the slot is 0 again.
+
+        The phase carries on. Saying that the slot is 0 lets the compiler fold every slot
+        index of a loop unrolled ``stages`` times into a constant, as ``producer_start`` does.
+        """
+        self.producer_stage = 0
+
     def producer_acquire(self, transaction_bytes: int):
         """Wait until slot producer_stage is empty, then announce the bytes its loads will bring."""
         self.mbarrier.wait(self.empty_barriers[self.producer_stage], phase=self.producer_phase)
@@ -75,6 +83,10 @@ class Pipeline(tilus.Class):
         self.consumer_stage = 0
         self.consumer_phase = self.mbarrier.consumer_initial_phase
 
+    def consumer_start_trips(self):
+        """The consumer's ``producer_start_trips``: slot 0 again, the phase carries on."""
+        self.consumer_stage = 0
+
     def consumer_acquire(self):
         """Wait until slot consumer_stage is full."""
         self.mbarrier.wait(self.full_barriers[self.consumer_stage], phase=self.consumer_phase)
@@ -86,6 +98,22 @@ class Pipeline(tilus.Class):
     def consumer_release_previous(self):
         """Free the slot before consumer_stage: each calling thread arrives on its empty barrier."""
         self.mbarrier.arrive(self.empty_barriers[(self.consumer_stage + (self.stages - 1)) % self.stages])
+
+    def consumer_release_previous_in_cluster(self, ctas: int, rank: int32):
+        """Free the slot before consumer_stage in each of the cluster's ctas CTAs (1 or 2).
+
+        One thread of the calling warpgroup arrives once on each CTA's empty barrier: after
+        ``wait_group`` the whole warpgroup's wgmma has finished reading the slot. With a
+        cluster of 2 the peer's producer multicasts into this CTA's slot too, so it must
+        hear from these consumers as well (empty count: warpgroups x ctas).
+        """
+        barrier = self.empty_barriers[(self.consumer_stage + (self.stages - 1)) % self.stages]
+        with self.single_thread():
+            self.mbarrier.arrive(barrier)
+            if ctas == 2:
+                # release at CTA scope, as for the local arrive: a cluster-scope release stalls the
+                # thread until its earlier writes are visible cluster-wide, once per K step
+                self.mbarrier.arrive_and_expect_tx_remote(barrier, 0, target_rank=1 - rank, scope="cta")
 
     def consumer_release_async(self):
         """Free slot consumer_stage once the tensor core has finished every MMA issued so far."""

@@ -5,6 +5,8 @@
                                               from 512 to 16384 (each stage's CLI with --save)
     python plot.py --peer                     also time the Triton GEMM torch reaches (below)
     python plot.py --from results/h100.csv    no GPU needed: figures and tables from that CSV
+    python plot.py --ablation                 on a Hopper GPU: time v5 with each technique off
+                                              (docs/ablation.py; the table in docs/v5.md)
 
 The peer is what a user would pick instead of hand-written kernels: ``torch.compile`` of
 ``a @ b.T`` with ``mode="max-autotune-no-cudagraphs"``, Inductor restricted to its Triton
@@ -306,7 +308,15 @@ def main(argv=None) -> int:
                         help="sizes to benchmark (N or MxNxK); default: one or two of each shape class and "
                              "square sizes from 512 to 16384")
     parser.add_argument("--peer", action="store_true", help="also time the Triton GEMM torch.compile reaches")
+    parser.add_argument("--ablation", action="store_true",
+                        help="only time v5 with each technique switched off, beside v4 and cuBLAS")
     args = parser.parse_args(argv)
+    if args.ablation:
+        ablation = _docs_script("ablation")
+        print(f"wrote {ablation.measure_variants().relative_to(REPO)}")
+        if ablation.update_page():
+            print(f"updated the ablation table in {ablation.DOCUMENT.relative_to(REPO)}")
+        return 0
     sources = [args.source] if args.source else []
     if not sources:
         try:
@@ -324,6 +334,8 @@ def main(argv=None) -> int:
             print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
     for document in update_documents():
         print(f"updated the results tables in {document.relative_to(REPO)}")
+    if _docs_script("ablation").update_page():
+        print("updated the ablation table in docs/v5.md")
     for path in model_figures():
         print(f"wrote {path.relative_to(REPO)} (a model)")
     print("build evidence: building every schedule without a GPU (cached after the first time)...", flush=True)

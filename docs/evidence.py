@@ -17,7 +17,7 @@ from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
 REPO = DOCS.parent
-TABLE = re.compile(r"(<!-- evidence (v\d+) -->\n)(.*?)(<!-- /evidence -->)", re.S)
+TABLE = re.compile(r"(<!-- evidence (v\d+) -->\n)(.*?)(<!-- /evidence -->)", re.DOTALL)
 
 REGISTERS_PER_SM = 65536
 REGISTER_UNIT = 256  # registers are allocated per warp in units of this many

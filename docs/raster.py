@@ -16,12 +16,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend has to be chosen first)
+import matplotlib.pyplot as plt  # after matplotlib.use: the backend has to be chosen first
 
 DOCS = Path(__file__).resolve().parent
 FIGURE = DOCS / "figures" / "raster.svg"
 PAGE = DOCS / "v4.md"
-TABLE = re.compile(r"(<!-- traffic -->\n)(.*?)(<!-- /traffic -->)", re.S)
+TABLE = re.compile(r"(<!-- traffic -->\n)(.*?)(<!-- /traffic -->)", re.DOTALL)
 
 SMS = 132  # blocks in flight: one 128 x 256 block per SM of an H100
 BLOCK_M, BLOCK_N = 128, 256

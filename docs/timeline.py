@@ -1,16 +1,19 @@
-"""Schematic timelines of one thread block's K loop for v1, v2 and v3.
+"""Schematic timelines of one thread block's K loop for v1, v2 and v3, and of v5's tile loop.
 
 A model, not a measurement: every bar is computed from the constants below and the
-rules in schedule_v1, schedule_v2_blackwell/_hopper and schedule_v3_blackwell/_hopper, so
-the figures show how the stages differ in which unit waits for which, not how long a real
-kernel takes. Run: python docs/timeline.py (writes figures/timeline_v1..v3.svg; v2 and v3
-have one panel per GPU, because their Blackwell and Hopper kernels free slots differently).
+rules in schedule_v1, schedule_v2_blackwell/_hopper, schedule_v3_blackwell/_hopper and
+schedule_v5_hopper, so the figures show how the stages differ in which unit waits for
+which, not how long a real kernel takes. Run: python docs/timeline.py (writes
+figures/timeline_v1..v3.svg and timeline_v5.svg; v2 and v3 have one panel per GPU, because
+their Blackwell and Hopper kernels free slots differently; v5 has one panel with its
+epilogue overlapped with the next tile's K loop and one without).
 
 Each schedule_* function is a small simulation of one kernel's K loop as written in
 matmul_v*.py: every role (a warp, a warpgroup) runs its own loop and yields the same
 operations in the same order as the kernel (issue a load, wait on a barrier, issue an
 MMA, sync, arrive); simulate() runs them against a TMA engine that serves any number of
-loads at once and tensor cores that run one MMA at a time, in the order they were issued.
+loads and stores at once and tensor cores that run one MMA at a time, in the order they
+were issued.
 The numbers are the H100's (the GPU the measurements come from) for both GPUs:
 Blackwell's tensor cores do more per cycle, which would make each MMA shorter and the
 load harder to hide; the Blackwell kernels have not been run.
@@ -24,7 +27,7 @@ import matplotlib
 import matplotlib.patches
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend has to be chosen first)
+import matplotlib.pyplot as plt  # after matplotlib.use: the backend has to be chosen first
 
 # The model's constants, from the H100 SXM's datasheet numbers:
 #   989 TFLOPS dense fp16 / (132 SMs * 1.83e9 cycles/s) = 4094, so ~4096 FLOP/cycle/SM
@@ -49,6 +52,19 @@ STAGES = 3  # ring depth for v2 and v3 (the depth v3 chose on the H100; in v2's 
 # (1024 < 1800) and the MMAs would wait for loads, on either GPU.
 V3_TILE = (128, 256)
 
+# v5 (Hopper): a persistent block walks several tiles; a few short tiles show the overlap.
+V5_TILES = 3  # tiles drawn, one after the other on one SM
+V5_STEPS = 4  # K steps per tile: one whole trip round the ring, as v5 pads K to whole trips
+V5_STAGES = 4  # v5's ring for its 128 x 256 tile
+# The epilogue of one consumer warpgroup, in cycles; both are arithmetic, not measured:
+# its 64 x 256 fp16 rows are 32 KiB, and shared memory moves at most 128 bytes per cycle,
+# so writing them from registers (stmatrix, conflict free with the swizzled tile) takes at
+# least 32768 / 128 = 256 cycles; converting 128 fp32 registers a thread to fp16 and
+# issuing the stores about doubles that. The TMA engine reads the 32 KiB back out at the
+# same rate (the write to global memory goes on after; nothing waits for it).
+EPILOGUE_WRITE = 2 * 64 * 256 * 2 // 128  # 512 cycles: registers -> shared, one warpgroup
+STORE_READ = 64 * 256 * 2 // 128  # 256 cycles: the TMA store reads one warpgroup's rows
+
 # lanes: the units and the roles that issue to them
 TMA = "TMA engine"
 TC = "tensor cores"
@@ -60,10 +76,11 @@ MMA_WARP = "MMA warp"  # v3 Blackwell's consumer
 CONSUMERS = ("consumer\nwarpgroup 0", "consumer\nwarpgroup 1")  # v3 Hopper
 CONSUMER_TAGS = ("a", "b")  # MMA labels on Hopper v3: "3a" is step 3 of warpgroup 0
 
-# One bar of a timeline. kind is "load" (TMA engine), "mma" (tensor cores), "wait" (a role
-# waits on a barrier), or "issue" (a role spends ISSUE cycles on an operation; what says
-# which: "load", "mma", "sync", "arrive", "commit"). step: the K step a load, an MMA or an
-# issue belongs to (None for others). by: the role that issued a load or an MMA.
+# One bar of a timeline. kind is "load" or "store" (TMA engine), "mma" (tensor cores),
+# "wait" (a role waits on a barrier), "issue" (a role spends ISSUE cycles on an operation;
+# what says which: "load", "mma", "store", "sync", "arrive", "commit"), or "work" (v5: a
+# role writes its accumulator to shared memory). step: the K step a load, an MMA or an
+# issue belongs to (None for others). by: the role that issued a load, a store or an MMA.
 Bar = namedtuple("Bar", "lane start duration kind what step by label")
 
 
@@ -77,9 +94,20 @@ def _end(bar):
 # real block would issue them.
 
 
-def load(step):
+def load(step, label=None):
     """Issue the TMA loads of one K step; the event ("loaded", step) happens when they land."""
-    return ("load", step)
+    return ("load", step, label)
+
+
+def store(event, label):
+    """Issue a TMA store of the output tile; `event` happens once the TMA engine has read
+    it out of shared memory (what tma.wait_group(0, read=True) waits for)."""
+    return ("store", event, label)
+
+
+def work(what, cycles, label, step=None):
+    """The role itself is busy for `cycles`: v5's registers -> shared write of its rows."""
+    return ("work", what, cycles, label, step)
 
 
 def mma(step, cycles, commit=None, label=None):
@@ -139,11 +167,22 @@ def simulate(roles, arrivals=None):
                 parked.setdefault(event, []).append((lane, now, label))
             continue
         issued = now + ISSUE
+        if kind == "work":
+            _, what, cycles, label, step = command
+            bars.append(Bar(lane, now, cycles, "work", what, step, lane, label))
+            heapq.heappush(ready, (now + cycles, order[lane], lane))
+            continue
         if kind == "load":
-            step = command[1]
+            _, step, label = command
             bars.append(Bar(lane, now, ISSUE, "issue", "load", step, lane, ""))
-            bars.append(Bar(TMA, issued, LOAD, "load", "load", step, lane, str(step)))
+            bars.append(Bar(TMA, issued, LOAD, "load", "load", step, lane,
+                            str(step) if label is None else label))
             happen(("loaded", step), issued + LOAD)
+        elif kind == "store":
+            _, event, label = command
+            bars.append(Bar(lane, now, ISSUE, "issue", "store", None, lane, ""))
+            bars.append(Bar(TMA, issued, STORE_READ, "store", "store", None, lane, label))
+            happen(event, issued + STORE_READ)
         elif kind == "mma":
             _, step, cycles, commit, label = command
             start = max(issued, tc_free)  # the tensor cores run MMAs one at a time, in order
@@ -286,6 +325,67 @@ def schedule_v3():
     return {"blackwell": schedule_v3_blackwell(), "hopper": schedule_v3_hopper()}
 
 
+def schedule_v5_hopper(tiles=V5_TILES, steps=V5_STEPS, stages=V5_STAGES, tile=V3_TILE, overlap=True):
+    """v5 Hopper: one persistent block walks `tiles` tiles of `steps` K steps each.
+
+    K steps are numbered across tiles: step g is step g % steps of tile g // steps, in slot
+    g % stages (every tile takes whole trips round the ring, so each starts at slot 0).
+    The producer warp runs on from tile to tile: it refills a slot once both consumer
+    warpgroups released it, whichever tile that slot held. Each consumer runs v3's K loop,
+    releases its last slot after wait_group(0), and then takes its turn with the one
+    output tile s_c: warpgroup 0 first; each writes its rows (EPILOGUE_WRITE), fences and
+    syncs, issues the TMA store, waits until the TMA engine has read s_c and arrives on the
+    other warpgroup's s_c_free. With overlap (overlap_epilogue=True) a warpgroup goes on to
+    its next tile at once; without, the producer waits on tile_done, on which both
+    warpgroups arrive after their store, before it loads the next tile.
+    """
+    assert steps % stages == 0, "v5 pads K to whole trips round the ring"
+    cycles = mma_cycles(tile[0] // 2, tile[1], 64)
+
+    def producer():
+        for t in range(tiles):
+            if not overlap and t > 0:
+                yield wait(("tile_done", t - 1), "tile_done")
+            for j in range(steps):
+                g = t * steps + j
+                if g >= stages:  # first trip: the wait for phase 1 passes at once
+                    yield wait(("freed", g - stages), f"empty[{g % stages}]")
+                yield load(g, label=f"{t}.{j}")
+
+    def consumer(c):
+        lane = CONSUMERS[c]
+        for t in range(tiles):
+            for j in range(steps):
+                g = t * steps + j
+                yield wait(("loaded", g), f"load {t}.{j}")
+                yield mma(g, cycles, label=f"{j}{CONSUMER_TAGS[c]}")
+                if j > 0:
+                    yield wait(("mma", g - 1, lane), "")  # wait_group(1)
+                    yield op("arrive", arrive=("freed", g - 1), step=g - 1)
+            last = t * steps + steps - 1
+            yield wait(("mma", last, lane), "flush")  # wait_group(0)
+            yield op("arrive", arrive=("freed", last), step=last)
+            # 5. epilogue: warpgroup 0's first turn passes at once (its phase starts at 1)
+            if c == 1 or t > 0:
+                yield wait(("c_free", c, t), f"s_c_free[{c}]")
+            yield work("write", EPILOGUE_WRITE, str(t), step=t)
+            yield op("sync")  # fence.proxy_async, then the warpgroup's sync
+            yield store(("stored", c, t), f"{t}{CONSUMER_TAGS[c]}")
+            yield wait(("stored", c, t), "read")  # tma.wait_group(0, read=True)
+            # warpgroup 0 hands s_c to warpgroup 1 for this tile, warpgroup 1 back for the next
+            yield op("arrive", arrive=("c_free", 1 - c, t + c))
+            if not overlap:
+                yield op("arrive", arrive=("tile_done", t))
+
+    return simulate({PRODUCER: producer(), CONSUMERS[0]: consumer(0), CONSUMERS[1]: consumer(1)},
+                    arrivals={"freed": 2, "tile_done": 2})
+
+
+def schedule_v5():
+    """v5 Hopper with and without the overlapped epilogue: {"overlap": bars, "no overlap": bars}."""
+    return {"overlap": schedule_v5_hopper(), "no overlap": schedule_v5_hopper(overlap=False)}
+
+
 def total(bars):
     """Model cycles from the first issue to the end of the last bar."""
     return max(_end(b) for b in bars)
@@ -317,22 +417,35 @@ def _sub_rows(bars):
 
 
 BLUE, ORANGE, LIGHT_ORANGE, DARK = "#4C78A8", "#F58518", "#FFBF79", "#404040"
-# a wait takes a pale shade of what it waits for: a load, an MMA, or a slot to be emptied
-WAIT_FACE = {"loaded": "#C9D7E8", "mma": "#FBDDBD", "freed": "#D9D9D9"}
+GREEN, TEAL = "#54A24B", "#72B7B2"  # v5's epilogue: the write to shared memory, the TMA store
+# a wait takes a pale shade of what it waits for: a load, an MMA, or a slot to be emptied;
+# in v5 also the output tile (its turn with s_c, or tile_done) or the TMA store's read
+WAIT_FACE = {"loaded": "#C9D7E8", "mma": "#FBDDBD", "freed": "#D9D9D9",
+             "c_free": "#CDE6C9", "tile_done": "#E5D4E8", "stored": "#D2EAE8"}
 LEGEND = (  # (kind, what) of the bars it explains, face, text
     (("load", "load"), BLUE, "TMA load of one K step"),
     (("mma", "mma"), ORANGE, "MMA on the tensor cores"),
+    (("work", "write"), GREEN, "registers -> shared"),
+    (("store", "store"), TEAL, "TMA store (read)"),
     (("issue", None), DARK, "a role issues: load, MMA, sync, arrive"),
     (("wait", "loaded"), WAIT_FACE["loaded"], "waits for a load"),
     (("wait", "mma"), WAIT_FACE["mma"], "waits for an MMA"),
     (("wait", "freed"), WAIT_FACE["freed"], "waits for an empty slot"),
+    (("wait", "c_free"), WAIT_FACE["c_free"], "waits for the output tile"),
+    (("wait", "stored"), WAIT_FACE["stored"], "waits for the store's read"),
+    (("wait", "tile_done"), WAIT_FACE["tile_done"], "waits for both stores"),
 )
+LEGEND_COLUMNS = 4  # entries per legend row when they do not fit on one (six do)
 
 
 def _style(bar):
     """face colour, text colour, label size of a bar"""
     if bar.kind == "load":
         return BLUE, "white", 7
+    if bar.kind == "store":
+        return TEAL, "black", 6
+    if bar.kind == "work":
+        return GREEN, "white", 6
     if bar.kind == "mma":
         return (LIGHT_ORANGE if bar.by == CONSUMERS[1] else ORANGE), "black", 7
     if bar.kind == "wait":
@@ -385,18 +498,22 @@ def _draw_panel(fig, rect, bars, lanes, title, xmax):
 def _draw(panels, title, subtitle, xmax, path):
     """panels: [(bars, lanes, panel title)], drawn one above the other."""
     heights = [len(lanes) * LANE_INCHES + 0.1 for _, lanes, _ in panels]
-    header = 0.85 + 0.15 * len(subtitle)  # inches: title, subtitle lines, legend
+    shown = {(b.kind, b.what if b.kind != "issue" else None) for bars, _, _ in panels for b in bars}
+    handles = [matplotlib.patches.Patch(facecolor=face, label=text)
+               for key, face, text in LEGEND if key in shown]
+    columns = len(handles) if len(handles) <= 6 else LEGEND_COLUMNS
+    legend_rows = -(-len(handles) // columns)
+    # inches: title, subtitle lines, legend
+    header = 0.85 + 0.15 * len(subtitle) + 0.17 * (legend_rows - 1)
     height = header + sum(heights) + GAP * (len(panels) - 1) + FOOTER
     fig = plt.figure(figsize=(WIDTH, height))
     fig.text(LEFT / WIDTH, 1 - 0.2 / height, title, fontsize=10, fontweight="bold", va="center")
     for n, line in enumerate(subtitle):
         fig.text(LEFT / WIDTH, 1 - (0.4 + 0.15 * n) / height, line, fontsize=7.5, color=DARK,
                  va="center")
-    shown = {(b.kind, b.what if b.kind != "issue" else None) for bars, _, _ in panels for b in bars}
-    handles = [matplotlib.patches.Patch(facecolor=face, label=text)
-               for key, face, text in LEGEND if key in shown]
-    fig.legend(handles=handles, loc="center left", ncol=len(handles), frameon=False, fontsize=7,
-               bbox_to_anchor=(LEFT / WIDTH - 0.01, 1 - (0.45 + 0.15 * len(subtitle)) / height),
+    legend_y = 0.45 + 0.15 * len(subtitle) + 0.085 * (legend_rows - 1)  # inches from the top
+    fig.legend(handles=handles, loc="center left", ncol=columns,
+               frameon=False, fontsize=7, bbox_to_anchor=(LEFT / WIDTH - 0.01, 1 - legend_y / height),
                handlelength=1.2, columnspacing=1.0, borderaxespad=0)
     y = height - header
     for (bars, lanes, panel_title), h in zip(panels, heights):
@@ -413,10 +530,10 @@ def _draw(panels, title, subtitle, xmax, path):
 def _constants(ring, tile=(128, 128)):
     """The subtitle: the model's constants, one line each."""
     m, n = tile
-    lines = [f"Schematic model, not a measurement, with H100 numbers for both GPUs: a load takes "
-             f"{LOAD} cycles (~1 us at {CLOCK_GHZ} GHz).",
-             f"An m x n x k MMA takes 2*m*n*k / {FLOP_PER_CYCLE} cycles: "
-             f"one {m}x{n}x64 K step {mma_cycles(m, n, 64)}."]
+    lines = [(f"Schematic model, not a measurement, with H100 numbers for both GPUs: a load takes "
+              f"{LOAD} cycles (~1 us at {CLOCK_GHZ} GHz)."),
+             (f"An m x n x k MMA takes 2*m*n*k / {FLOP_PER_CYCLE} cycles: "
+              f"one {m}x{n}x64 K step {mma_cycles(m, n, 64)}.")]
     if tile != (128, 128):
         lines.append(f"On Hopper that is two {m // 2}x{n}x64 wgmmas of {mma_cycles(m // 2, n, 64)}, "
                      "one per consumer warpgroup: 3a and 3b are step 3 of warpgroup 0 and 1.")
@@ -426,9 +543,22 @@ def _constants(ring, tile=(128, 128)):
     return lines
 
 
+def _constants_v5():
+    """v5's subtitle: the constants it shares with v3, then the epilogue's and the tiles'."""
+    m, n = V3_TILE
+    return [(f"Schematic model, not a measurement, H100 numbers: a load takes {LOAD} cycles "
+             f"(~1 us at {CLOCK_GHZ} GHz), a {m // 2}x{n}x64 wgmma {mma_cycles(m // 2, n, 64)}, "
+             f"issuing an operation {ISSUE}."),
+            (f"A warpgroup's epilogue: registers -> shared {EPILOGUE_WRITE} cycles (green, numbered "
+             f"by tile), then the TMA store reads its 32 KiB rows out of shared memory in {STORE_READ}."),
+            (f"One persistent block, {V5_TILES} tiles of {V5_STEPS} K steps each (one trip round a "
+             f"ring of {V5_STAGES} slots; real tiles take many): load 1.2 is step 2 of tile 1,"),
+            "and 2a, 2b are the wgmmas of warpgroup 0 and 1 for step 2 of the tile they work on."]
+
+
 def figures():
     """(name, title, subtitle lines, [(bars, lanes, panel title)]) of each figure."""
-    v2, v3 = schedule_v2(), schedule_v3()
+    v2, v3, v5 = schedule_v2(), schedule_v3(), schedule_v5()
     return (
         ("timeline_v1", "v1: load a K step, then multiply it, one after the other",
          _constants(False),
@@ -446,6 +576,12 @@ def figures():
            "Blackwell: one MMA warp; tcgen05.commit frees a slot when its MMA ends"),
           (v3["hopper"], (PRODUCER, TMA, TC) + CONSUMERS,
            "Hopper: two consumer warpgroups free a slot after the next step's wait_group(1)")]),
+        ("timeline_v5", "v5 (Hopper): a persistent block; one warpgroup's epilogue under the other's MMAs",
+         _constants_v5(),
+         [(v5["overlap"], (PRODUCER, TMA, TC) + CONSUMERS,
+           "overlap_epilogue=True: warpgroup 0 multiplies the next tile while 1 stores"),
+          (v5["no overlap"], (PRODUCER, TMA, TC) + CONSUMERS,
+           "overlap_epilogue=False: the next tile's loads wait for both stores")]),
     )
 
 
@@ -454,15 +590,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(out_dir=FIGURES, suffix=".svg"):
-    """Write the three figures into out_dir (suffix .png for a preview); returns their paths."""
+    """Write the figures into out_dir (suffix .png for a preview); returns their paths."""
     plt.rcParams["svg.hashsalt"] = "gemm-timeline"  # fixed ids: reruns give identical files
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    xmax = total(schedule_v1())  # one x range for all figures so they compare at a glance
+    xmax = total(schedule_v1())  # one x range for v1-v3 so they compare at a glance
     paths = []
     for name, title, subtitle, panels in figures():
         path = out_dir / f"{name}{suffix}"
-        _draw(panels, title, subtitle, xmax, path)
+        # v5 draws several tiles: its panels share an x range of their own
+        shown = max(total(bars) for bars, _, _ in panels) if name == "timeline_v5" else xmax
+        _draw(panels, title, subtitle, shown, path)
         paths.append(path)
     return paths
 

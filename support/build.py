@@ -20,7 +20,7 @@ from tilus.hidet.backend.build import NVCC
 from tilus.utils.multiprocess import parallel_imap
 
 from support.cache import use_cache
-from support.dispatch import format_schedule
+from support.dispatch import format_schedule, kernel_args
 from support.gpu import ARCHS, Arch
 
 
@@ -96,7 +96,8 @@ def _inspect_build(result: BuildResult, arch: Arch) -> None:
     result.registers = int(re.search(r"Used (\d+) registers", log).group(1))
     result.spill_bytes = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
     result.stack_bytes = int(re.search(r"(\d+) bytes stack frame", log).group(1))
-    result.ptxas_warnings = re.findall(r"ptxas.*warning.*", log, re.IGNORECASE)
+    # warnings, and the performance notes ptxas prints as "info" (C7508: setmaxnreg ignored)
+    result.ptxas_warnings = re.findall(r"ptxas.*(?:warning|Performance Loss).*", log, re.IGNORECASE)
     launch_config = re.search(r"dim3\((\d+), 1, 1\), (\d+), \(cudaStream_t\)", (result.module_dir / "source.cu").read_text())
     result.threads, result.dynamic_smem = int(launch_config.group(1)), int(launch_config.group(2))
     result.mma_count = (result.module_dir / "source.ptx").read_text().count(arch.mma_instruction)
@@ -116,7 +117,9 @@ def build_schedules(
     arch = ARCHS[arch_name]
     with _building_for(arch.target):
         use_cache(script_cls, f"compile-{arch.sm}")
-        jit = script_cls(**(script_kwargs or {}))._jit_instance_for(*(call_args or (4096, 4096, 4096, 0, 0, 0)))
+        jit = script_cls(**(script_kwargs or {}))._jit_instance_for(
+            *(call_args or kernel_args(script_cls, 4096, 4096, 4096, 0, 0, 0, num_sms=132))
+        )
         results = [BuildResult(schedule) for schedule in jit.schedules]
         transpiled = set(jit.transpiled_schedules)
         failed_transpile = [i for i in range(len(results)) if i not in transpiled]

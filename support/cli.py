@@ -19,7 +19,7 @@ import torch
 
 from support.build import build_schedules
 from support.cache import REPO, use_cache
-from support.dispatch import chosen_schedule, format_schedule, jit_instance, space_size
+from support.dispatch import chosen_schedule, format_schedule, jit_instance, kernel_args, space_size
 from support.gpu import ARCHS, UnsupportedGPUError, gpu_arch, gpu_label, gpu_slug
 from support.measure import REL_ERR_TOL, passes, random_inputs, relative_error, sync_or_exit, tflops, time_against_cublas
 
@@ -84,11 +84,12 @@ def _check_every_schedule(kernels: dict, arch_name: str, sizes, timeout_s: float
     for seed, (m, n, k) in enumerate(sizes):
         a, b, ref = random_inputs(m, n, k, seed)
         out = torch.empty((m, n), dtype=torch.float16, device="cuda")
+        args = kernel_args(script_cls, m, n, k, a, b, out)
         for compiled, index in zip(jit.compiled_programs, jit.valid_schedules):
             schedule = format_schedule(jit.schedules[index])
             out.fill_(math.nan)
             print(f"START {name} [{schedule}] {m}x{n}x{k}", flush=True)
-            compiled.get_launch_func()(m, n, k, a, b, out)
+            compiled.get_launch_func()(*args)
             sync_or_exit(f"{name} [{schedule}] at {m}x{n}x{k}", timeout_s)
             err = relative_error(out, ref)
             failures += not passes(err)
@@ -149,9 +150,9 @@ def _run(version: str, kernels: dict, matmul, arch_name: str, args) -> int:
         results.append(result)
         if args.check_only or not passes(result["err"]):
             continue
-        script, expected = script_cls(), torch.empty_like(out)
+        script, expected, call = script_cls(), torch.empty_like(out), kernel_args(script_cls, m, n, k, a, b, out)
         result["ms"], result["cublas_ms"] = time_against_cublas(
-            lambda: script(m, n, k, a, b, out), lambda: torch.matmul(a, b.T, out=expected), args.repeat
+            lambda: script(*call), lambda: torch.matmul(a, b.T, out=expected), args.repeat
         )
         result["cublas_err"] = relative_error(expected, ref)
 

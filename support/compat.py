@@ -27,6 +27,7 @@ import contextlib
 import functools
 
 import tilus
+import tilus.backends.codegen as _codegen
 import tilus.backends.emitters.cuda.cp_async_tensor as _tma_emitter
 import tilus.hidet.transforms.hoist_loop_invariants as _hoist_pass
 import tilus.hidet.transforms.lower_fast_div as _fast_div_pass
@@ -153,13 +154,36 @@ def _fastdiv_magic(precompute):
     return correct_precompute
 
 
+def _kernels_with_min_blocks(function_builder_cls):
+    """Defect 5: kernels carry no minimum-blocks hint, so ptxas may drop ``setmaxnreg``.
+
+    tilus writes ``__launch_bounds__(threads)`` without a minimum number of blocks per SM.
+    ptxas may then be unable to tell how many registers a thread has at entry and ignore
+    ``setmaxnreg`` ("(C7508) Potential Performance Loss: 'setmaxnreg' ignored; unable to
+    determine register count at entry"): an early draft of v5's register split built so.
+    Every kernel here runs one block per SM, which is what ``min_blocks=1`` tells ptxas.
+    """
+
+    class FunctionBuilder(function_builder_cls):
+        def __init__(self, *args, kind: str, min_blocks=None, **kwargs):
+            if kind == "cuda_kernel" and min_blocks is None:
+                min_blocks = 1
+            super().__init__(*args, kind=kind, min_blocks=min_blocks, **kwargs)
+
+    return FunctionBuilder
+
+
 # name -> (owner, attribute, replacement factory)
 _WORKAROUNDS = {
     "hopper_tma_cta_group": (_tma_emitter, "cp_async_tensor_global_to_shared", _without_cta_group_before_blackwell),
+    "hopper_tma_multicast_cta_group": (
+        _tma_emitter, "cp_async_tensor_global_to_cluster_shared", _without_cta_group_before_blackwell
+    ),
     "hoisting_empty_let": (_hoist_pass, "StmtBuilder", _let_without_bindings),
     "barriers_above_peak": (BarrierAllocContext, "finalize", _barriers_above_peak),
     "fastdiv_multiplier": (_fast_div_pass, "fastdiv_precompute_m", _fastdiv_magic),
     "fastdiv_shift": (_fast_div_pass, "fastdiv_precompute_s", _fastdiv_magic),
+    "kernel_min_blocks": (_codegen, "FunctionBuilder", _kernels_with_min_blocks),
 }
 _originals = {name: getattr(owner, attr) for name, (owner, attr, _) in _WORKAROUNDS.items()}
 _replacements = {name: make(_originals[name]) for name, (_, _, make) in _WORKAROUNDS.items()}

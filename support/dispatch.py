@@ -7,6 +7,7 @@ schedule five times right after building, while the GPU is still clocking up fro
 bucket tuned and never times anything itself. The ranking is saved beside the cache.
 """
 
+import inspect
 import math
 import sys
 
@@ -33,9 +34,30 @@ def launch(kernels: dict, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | 
     with torch.cuda.device(a.device):
         use_cache(script_cls, gpu_label(a.device))
         script = script_cls()
-        tune_once(script, m, n, k, a, b, out)
-        script(m, n, k, a, b, out)
+        args = kernel_args(script_cls, m, n, k, a, b, out)
+        tune_once(script, args)
+        script(*args)
     return out
+
+
+def is_persistent(script_cls) -> bool:
+    """A persistent kernel (v5) takes the number of SMs after M, N, K and the three tensors."""
+    return "num_sms" in inspect.signature(script_cls.__call__).parameters
+
+
+def kernel_args(script_cls, m: int, n: int, k: int, a, b, out, num_sms: int | None = None) -> tuple:
+    """The arguments of a stage kernel: M, N, K, A, B, C and, for a persistent kernel, the SM count.
+
+    ``num_sms`` defaults to the SM count of the current GPU (132 when building without one:
+    the value is an argument of the kernel, not compiled into it).
+    """
+    args = (m, n, k, a, b, out)
+    if not is_persistent(script_cls):
+        return args
+    if num_sms is None:
+        num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
+            if torch.cuda.is_available() else 132
+    return (*args, num_sms)
 
 
 def jit_instance(script_cls, m: int, n: int, k: int):
@@ -43,18 +65,18 @@ def jit_instance(script_cls, m: int, n: int, k: int):
 
     tilus 0.2.0 has no public compile(); ``.programs()`` builds every schedule.
     """
-    return script_cls()._jit_instance_for(m, n, k, 0, 0, 0)
+    return script_cls()._jit_instance_for(*kernel_args(script_cls, m, n, k, 0, 0, 0))
 
 
-def keys(script, m: int, n: int, k: int):
-    """tilus' (JIT key, tuning key) for a GEMM call at this size: the tuning key is its size bucket."""
-    return extract_keys((m, n, k, None, None, None), script.const_params, script.tuning_params)
+def keys(script, args: tuple):
+    """tilus' (JIT key, tuning key) for a kernel call: the tuning key is the size bucket of its integers."""
+    return extract_keys(args, script.const_params, script.tuning_params)
 
 
 def chosen_schedule(script_cls, m: int, n: int, k: int) -> dict:
     """The schedule picked for this size bucket (after a call at that size)."""
     script = script_cls()
-    jit_key, tuning_key = keys(script, m, n, k)
+    jit_key, tuning_key = keys(script, kernel_args(script_cls, m, n, k, None, None, None))
     jit = script.jit_instances[jit_key]
     return jit.schedules[jit.valid_schedules[jit.dispatch_table[tuning_key]]]
 
@@ -94,12 +116,13 @@ def rank_schedules(jit, launch_args: tuple) -> list[tuple[float, int]]:
     return final + quick[TUNE_FINALISTS:]
 
 
-def tune_once(script, m: int, n: int, k: int, a, b, out) -> None:
+def tune_once(script, args: tuple) -> None:
     """Pick this size bucket's schedule with rank_schedules, unless tilus already has one cached."""
-    jit_key, tuning_key = keys(script, m, n, k)
+    jit_key, tuning_key = keys(script, args)
     if (jit_key, tuning_key) in script.dispatch_table:
         return
-    jit = script._jit_instance_for(m, n, k, a, b, out)
+    m, n, k = args[:3]
+    jit = script._jit_instance_for(*args)
     jit.programs()  # builds every schedule (cached on disk) and loads the saved picks
     if tuning_key in jit.dispatch_table or len(jit.compiled_programs) == 1:
         return
@@ -110,7 +133,7 @@ def tune_once(script, m: int, n: int, k: int, a, b, out) -> None:
         name = script.script_cls.__name__
         print(f"tuning {name} at {m}x{n}x{k}: timing {len(jit.compiled_programs)} schedules on a warm GPU...",
               file=sys.stderr, flush=True)
-        ranking = rank_schedules(jit, (m, n, k, a, b, out))
+        ranking = rank_schedules(jit, args)
         best_ms, best = ranking[0]
         jit.dispatch_table[tuning_key] = best
         jit.dump_dispatch_table()

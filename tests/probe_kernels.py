@@ -61,7 +61,7 @@ class TileOrderProbe(GroupedTileOrder, tilus.Script):
     def __call__(self, num_m: int32, num_n: int32, order_ptr: ~int32):
         self.attrs.blocks = num_m * num_n
         self.attrs.warps = 1
-        tile_m, tile_n = self.grouped_tile(num_m, num_n)
+        tile_m, tile_n = self.grouped_tile(self.blockIdx.x, num_m, num_n)
         g_order = self.global_view(order_ptr, dtype=int32, shape=[num_m, num_n])
         with self.single_thread():
             launched: int32 = self.blockIdx.x

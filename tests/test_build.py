@@ -5,7 +5,7 @@ import importlib
 import pytest
 from conftest import ARCHS, STAGES, overlaps, shared_memory_map
 
-from support import dispatch, gpu
+from support import build, dispatch, gpu
 
 pytestmark = pytest.mark.parametrize("arch", ARCHS)
 
@@ -30,6 +30,25 @@ def test_tensor_core_instructions_no_local_memory_no_ptxas_warnings(built, stage
         # serialises wgmma (C7515) or drops setmaxnreg (C7508): each a silent slowdown
         assert (r.spill_bytes, r.stack_bytes) == (0, 0), f"{schedule}: {r.describe(gpu.ARCHS[arch])}"
         assert not r.ptxas_warnings, f"{schedule}: {r.ptxas_warnings}"
+
+
+def test_v5_register_split_keeps_setmaxnreg(arch):
+    # the switch is off in v5's tuned space (measured not to help); its build must still be
+    # what it claims: setmaxnreg kept by ptxas (no C7508), no spill
+    if arch != "hopper":
+        pytest.skip("setmaxnreg is a Hopper (sm_90a) technique here")
+    kernel = importlib.import_module("matmul_v5").KERNELS[arch]
+    # a pinned schedule replaces the whole space, the switch included
+    kernel.debug_schedule = dict(block_m=128, block_n=256, block_k=64, stages=4, group_m=16, cluster_m=2,
+                                 register_split=True)
+    try:
+        (r,) = build.build_schedules(kernel, arch, progress=lambda line: None)
+    finally:
+        del kernel.debug_schedule
+    assert r.ok, r.error
+    assert (r.spill_bytes, r.stack_bytes, r.ptxas_warnings) == (0, 0, []), r.describe(gpu.ARCHS[arch])
+    assert "setmaxnreg.dec.sync.aligned.u32 40" in (r.module_dir / "source.ptx").read_text()
+    assert "__launch_bounds__(384, 1)" in (r.module_dir / "source.cu").read_text()  # compat defect 5
 
 
 @pytest.mark.parametrize("stage", STAGES)

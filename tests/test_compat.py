@@ -30,7 +30,7 @@ kernel = {stage}.KERNELS[{arch!r}]
 {pin}
 with compat.disabled({workaround!r}):
     results = build.build_schedules(kernel, {arch!r}, progress=lambda line: None)
-print(json.dumps([{{"error": r.error, "module_dir": str(r.module_dir)}} for r in results]))
+print(json.dumps([{{"error": r.error, "module_dir": str(r.module_dir), "warnings": r.ptxas_warnings}} for r in results]))
 """
     env = os.environ | {"MATMUL_TUTORIAL_CACHE": str(tmp_path)}
     proc = subprocess.run(
@@ -48,6 +48,23 @@ def test_workaround_is_installed(name):
 def test_defect_1_hopper_tma_load_gets_blackwell_qualifier(tmp_path):
     (result,) = build_as_released("hopper_tma_cta_group", "matmul_v1", "hopper", tmp_path, dict(block_m=128, block_n=128, block_k=64))
     assert "Feature '.cta_group::1' not supported on .target 'sm_90a'" in result["error"]
+
+
+V5_CLUSTER = dict(block_m=128, block_n=256, block_k=64, stages=4, group_m=16, cluster_m=2)
+
+
+def test_defect_1_also_in_the_multicast_load(tmp_path):
+    (result,) = build_as_released("hopper_tma_multicast_cta_group", "matmul_v5", "hopper", tmp_path, V5_CLUSTER)
+    assert "Feature '.cta_group::1' not supported on .target 'sm_90a'" in result["error"]
+
+
+def test_defect_5_kernels_carry_no_min_blocks_hint(tmp_path):
+    # ptxas needs the hint to know a thread's registers at entry; without it an earlier draft
+    # of v5's register split built with "(C7508) 'setmaxnreg' ignored" (the current one does not)
+    (result,) = build_as_released("kernel_min_blocks", "matmul_v5", "hopper", tmp_path, V5_CLUSTER | {"register_split": True})
+    assert not result["error"], result["error"]
+    source = open(os.path.join(result["module_dir"], "source.cu")).read()
+    assert "__launch_bounds__(384) " in source and "__launch_bounds__(384, 1)" not in source
 
 
 def test_defect_2_loop_invariant_hoisting_asserts(tmp_path):

@@ -14,7 +14,7 @@ DOCS = sorted((cache.REPO / "docs").glob("*.md"))
 _spec = importlib.util.spec_from_file_location("evidence", cache.REPO / "docs" / "evidence.py")
 evidence = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(evidence)
-EXCERPT = re.compile(r"<!-- source: (\S+) -->\n```python\n(.*?)```", re.S)
+EXCERPT = re.compile(r"<!-- source: (\S+) -->\n```python\n(.*?)```", re.DOTALL)
 
 
 def excerpts():

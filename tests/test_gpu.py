@@ -93,13 +93,14 @@ def test_arch_mismatch_is_a_usage_error():
 
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer is not installed")
-@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 @pytest.mark.parametrize("stage", STAGES)
 def test_sanitizer_clean_at_a_small_size(stage, tool):
     run_child([sys.executable, f"{stage}.py", "--all-schedules", "--sizes", "16"], 60)  # builds outside the sanitizer
     args = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "1", sys.executable, f"{stage}.py"]
     output = run_child([*args, "--all-schedules", "--timeout", "120", "--sizes", "129x264x72"], 900)
-    clean = {"memcheck": "ERROR SUMMARY: 0 errors", "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors"}
+    clean = {"memcheck": "ERROR SUMMARY: 0 errors", "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors",
+             "synccheck": "ERROR SUMMARY: 0 errors"}
     assert clean[tool] in output
 
 

@@ -6,6 +6,7 @@ kernels' autotune spaces.
 """
 
 import importlib.util
+import itertools
 from pathlib import Path
 
 import pytest
@@ -97,7 +98,7 @@ def test_every_step_is_loaded_once_and_multiplied_once_per_consumer(name):
     assert sorted(b.step for b in bars if b.lane == TMA) == list(range(STEPS))
     assert sorted(b.step for b in bars if b.lane == TC) == sorted(list(range(STEPS)) * consumers)
     runs = mmas(bars)  # the tensor cores run one MMA at a time
-    assert all(end(a) <= b.start for a, b in zip(runs, runs[1:]))
+    assert all(end(a) <= b.start for a, b in itertools.pairwise(runs))
     step_loaded = {b.step: end(b) for b in bars if b.lane == TMA}
     assert all(m.start >= step_loaded[m.step] for m in runs)
 
@@ -141,7 +142,7 @@ def test_v2_blackwell_waits_for_every_mma_before_the_next(stages):
     bars = timeline.schedule_v2_blackwell(stages=stages)
     runs = mmas(bars)
     issued = issues(bars, "mma")
-    for before, after in zip(runs, runs[1:]):
+    for before, after in itertools.pairwise(runs):
         assert issued[after.step, timeline.WARP_V2_BW].start >= end(before)
         assert after.start > end(before)  # so a gap opens between every two MMAs
     assert max(in_flight(outstanding_mmas(bars), m.start) for m in runs) == 1
@@ -215,7 +216,7 @@ def test_v3_producer_and_consumers_have_lanes_of_their_own(gpu):
         assert {b.what for b in consumer if b.kind == "wait"} <= {"loaded", "mma"}
         assert sum(b.what == "mma" for b in consumer if b.kind == "issue") == STEPS
     (_, _, _, panels), = (f for f in timeline.figures() if f[0] == "timeline_v3")
-    (_, lanes, title), = (p for p in panels if p[2].lower().startswith(gpu))
+    (_, lanes, _), = (p for p in panels if p[2].lower().startswith(gpu))
     assert lanes == (timeline.PRODUCER, TMA, TC) + consumers
 
 
@@ -290,11 +291,157 @@ def test_each_stage_keeps_the_tensor_cores_busier_than_the_last():
     assert v1 < min(v2) and max(v2) < min(v3)
 
 
-def test_main_writes_three_identical_svgs_on_every_run(tmp_path):
+def test_main_writes_the_same_svgs_on_every_run(tmp_path):
     first = [p.read_bytes() for p in timeline.main(tmp_path / "a")]
     second = [p.read_bytes() for p in timeline.main(tmp_path / "b")]
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
-        "timeline_v1.svg", "timeline_v2.svg", "timeline_v3.svg"]
+        "timeline_v1.svg", "timeline_v2.svg", "timeline_v3.svg", "timeline_v5.svg"]
     assert all(svg.startswith(b"<?xml") for svg in first)
     assert first == second
+
+
+# ---------------------------------------------------------------------------------------
+# v5 Hopper: a persistent block; the producer runs on across tiles; the two consumer
+# warpgroups take turns with one output tile, and (with overlap) go on to the next tile
+# while the other stores
+
+V5_TILES, V5_STEPS, V5_STAGES = timeline.V5_TILES, timeline.V5_STEPS, timeline.V5_STAGES
+WG0, WG1 = timeline.CONSUMERS
+OVERLAP = (True, False)
+
+
+def v5(overlap=True, **kwargs):
+    return timeline.schedule_v5_hopper(overlap=overlap, **kwargs)
+
+
+def tile_of(step):
+    return step // V5_STEPS
+
+
+def epilogues(bars, lane):
+    """{tile: (start, end)} of a consumer's epilogue: from its write to its arrive on s_c_free."""
+    writes = {b.step: b for b in bars if b.lane == lane and b.kind == "work"}
+    arrives = sorted((b for b in bars if b.lane == lane and b.kind == "issue" and b.what == "arrive"),
+                     key=lambda b: b.start)
+    spans = {}
+    for tile, write in writes.items():
+        # sync, store, wait for its read: the first arrive after the write hands s_c over
+        handover = next(a for a in arrives if a.start >= end(write))
+        assert handover.step is None  # not a slot's release
+        spans[tile] = (write.start, end(handover))
+    return spans
+
+
+def busy_within(bars, window):
+    """Cycles of the window (start, end) in which the tensor cores run an MMA."""
+    lo, hi = window
+    return sum(max(0, min(end(m), hi) - max(m.start, lo)) for m in mmas(bars))
+
+
+def test_v5_constants_are_the_stated_arithmetic():
+    # one consumer warpgroup's rows of C: 64 x 256 fp16 = 32 KiB, at 128 bytes a cycle
+    assert timeline.STORE_READ == 64 * 256 * 2 // 128 == 256
+    assert timeline.EPILOGUE_WRITE == 2 * timeline.STORE_READ
+    # v5 pads K to whole trips round the ring: the drawn tiles take one trip each
+    assert V5_STEPS % V5_STAGES == 0
+    with pytest.raises(AssertionError):
+        v5(steps=V5_STAGES + 1)
+
+
+@pytest.mark.parametrize("overlap", OVERLAP)
+def test_v5_every_step_of_every_tile_is_loaded_once_and_multiplied_by_both_warpgroups(overlap):
+    bars = v5(overlap)
+    steps = V5_TILES * V5_STEPS
+    assert sorted(b.step for b in bars if b.kind == "load") == list(range(steps))
+    assert sorted(b.step for b in bars if b.lane == TC) == sorted(list(range(steps)) * 2)
+    runs = mmas(bars)
+    assert all(end(a) <= b.start for a, b in itertools.pairwise(runs))  # one MMA at a time
+    step_loaded = {b.step: end(b) for b in bars if b.kind == "load"}
+    assert all(m.start >= step_loaded[m.step] for m in runs)
+    # each warpgroup stores each tile once, after its last MMA of that tile
+    for lane in timeline.CONSUMERS:
+        last_mma = {t: max(end(m) for m in runs if m.by == lane and tile_of(m.step) == t) for t in range(V5_TILES)}
+        assert sorted(epilogues(bars, lane)) == list(range(V5_TILES))
+        for tile, (start, _) in epilogues(bars, lane).items():
+            assert start >= last_mma[tile]
+    assert sum(b.kind == "store" for b in bars) == 2 * V5_TILES
+
+
+@pytest.mark.parametrize("overlap", OVERLAP)
+@pytest.mark.parametrize("stages", (2, 4))
+def test_v5_refills_a_slot_only_after_both_warpgroups_released_it(overlap, stages):
+    bars = v5(overlap, stages=stages, steps=4)
+    arrives = issues(bars, "arrive")
+    load_issue = issues(bars, "load")
+    for g in range(stages, V5_TILES * 4):
+        released = [end(arrives[g - stages, lane]) for lane in timeline.CONSUMERS]
+        readers = [m for m in mmas(bars) if m.step == g - stages]
+        assert len(readers) == 2
+        start = load_issue[g, timeline.PRODUCER].start
+        assert start >= max(released) and start >= max(end(m) for m in readers)
+    # every slot is released once per trip by each warpgroup, the last one after wait_group(0)
+    for lane in timeline.CONSUMERS:
+        assert sorted(step for step, who in arrives if who == lane and step is not None) == list(
+            range(V5_TILES * 4))
+
+
+def test_v5_overlap_loads_the_next_tile_before_warpgroup_1_has_stored_the_last():
+    bars = v5()
+    epilogue = epilogues(bars, WG1)
+    for tile in range(V5_TILES - 1):
+        first_load = min(b.start for b in bars if b.kind == "load" and tile_of(b.step) == tile + 1)
+        assert first_load < epilogue[tile][1]
+    # the producer never waits for a store: only for empty slots
+    assert {b.what for b in lane_of(bars, timeline.PRODUCER) if b.kind == "wait"} == {"freed"}
+
+
+def test_v5_without_overlap_loads_the_next_tile_only_after_both_stores():
+    bars = v5(overlap=False)
+    for tile in range(V5_TILES - 1):
+        stored = max(epilogues(bars, lane)[tile][1] for lane in timeline.CONSUMERS)
+        first_load = min(b.start for b in bars if b.kind == "load" and tile_of(b.step) == tile + 1)
+        assert first_load >= stored
+
+
+def test_v5_overlap_keeps_the_tensor_cores_busy_during_warpgroup_1s_epilogue():
+    on, off = v5(), v5(overlap=False)
+    for tile in range(V5_TILES - 1):
+        # with overlap, warpgroup 0's MMAs of the next tile run while warpgroup 1 stores ...
+        window = epilogues(on, WG1)[tile]
+        assert busy_within(on, window) >= 0.9 * (window[1] - window[0])
+        assert any(m.by == WG0 and tile_of(m.step) == tile + 1 and overlaps(m, timeline.Bar(
+            WG1, window[0], window[1] - window[0], "", "", None, None, "")) for m in mmas(on))
+        # ... without, no MMA runs during warpgroup 1's epilogue: the next tile is not loaded yet
+        assert busy_within(off, epilogues(off, WG1)[tile]) == 0
+
+
+@pytest.mark.parametrize("overlap", OVERLAP)
+def test_v5_warpgroups_take_turns_with_the_output_tile(overlap):
+    bars = v5(overlap)
+    first, second = epilogues(bars, WG0), epilogues(bars, WG1)
+    turns = sorted([*first.values(), *second.values()])
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(turns))  # never two writers of s_c
+    for tile in range(V5_TILES):
+        assert first[tile][1] <= second[tile][0]  # warpgroup 0 first
+        if tile:
+            assert second[tile - 1][1] <= first[tile][0]
+    # only warpgroup 0's first turn passes without waiting
+    waits = [b for b in bars if b.kind == "wait" and b.what == "c_free"]
+    assert all(b.lane == WG1 or b.start > first[0][0] for b in waits)
+
+
+@pytest.mark.parametrize("steps", (4, 8))
+def test_v5_overlap_finishes_the_same_work_earlier(steps):
+    on, off = v5(steps=steps), v5(overlap=False, steps=steps)
+    assert sorted((m.step, m.by) for m in mmas(on)) == sorted((m.step, m.by) for m in mmas(off))
+    assert timeline.total(on) < timeline.total(off)
+    assert timeline.tensor_busy(on) > timeline.tensor_busy(off)
+
+
+def test_the_v5_figure_has_both_schedules():
+    (_, _, subtitle, panels), = (f for f in timeline.figures() if f[0] == "timeline_v5")
+    assert [title.split(":")[0] for _, _, title in panels] == ["overlap_epilogue=True", "overlap_epilogue=False"]
+    assert all(lanes == (timeline.PRODUCER, TMA, TC) + timeline.CONSUMERS for _, lanes, _ in panels)
+    text = " ".join(subtitle)
+    assert f"{timeline.EPILOGUE_WRITE} cycles" in text and f"{V5_TILES} tiles of {V5_STEPS} K steps" in text
 

@@ -1,0 +1,394 @@
+"""v5: persistent blocks, 2-CTA clusters with TMA multicast, a swizzled and overlapped epilogue.
+
+What changed from v4, and why. The numbers are % of cuBLAS on an H100, timed in one process;
+docs/v5.md has the full ablation (each technique on and off, written by ablation.py).
+
+1. Persistent blocks. v4 launched one block per tile, and a block ended with its tile's
+   store: the SM sat idle from the last MMA until the next block had loaded its first
+   slot. v5 launches one block per SM (``num_sms``, an argument: the kernel is built once
+   for every GPU) and each block walks the grouped tile order with a stride of the grid:
+   tile t, t + grid, ... The producer runs on into the next tile's loads while the
+   consumers still store the last one, so the ring is full when they come back.
+2. The epilogue overlaps the next tile's main loop. The two consumer warpgroups still take
+   turns with one output tile (``s_c_free``), and warpgroup 0 does not wait for
+   warpgroup 1's turn: it goes on with the next tile while warpgroup 1 stores, so one
+   warpgroup's MMAs run during the other's epilogue. The ablation turns it off with
+   ``overlap_epilogue=False``: the producer then waits for both stores before it loads
+   the next tile.
+3. A swizzled output tile. v4's 64 x 256 output tile was row-major: the 8 rows one
+   stmatrix writes are 512 bytes apart, all in the same 4 of the 32 banks, an 8-way
+   conflict on every store. v5 keeps it as four 64-column boxes with TMA's 128-byte
+   swizzle (16-byte chunk c of row r at chunk c ^ r % 8): conflict free, and one TMA store
+   per box: the largest single step of v5 (95.2 -> 99.1 in the first A/B).
+4. 2-CTA clusters with TMA multicast. Two CTAs compute the tiles above each other, which
+   share a B tile: each loads half of it and multicasts it into both, so a CTA brings 16 +
+   16 KiB from L2 per K step instead of 16 + 32. A slot may be refilled only when the
+   consumers of both CTAs let go of it, so each consumer warpgroup arrives on its own and
+   its peer's empty barrier (one thread each: count 2 warpgroups x 2 CTAs). The tuner
+   picks 1 or 2 per shape (8192^3: 98.3 -> 100.1 in the first A/B).
+5. Every tile takes whole trips round the ring: K is rounded up to a multiple of
+   stages x block_k and TMA fills the steps past K with zeros. Each tile then starts at
+   slot 0 (``producer_start_trips``), so the loop unrolled ``stages`` times indexes slots
+   with constants, as in v4. Measured before the swizzle was added, it moved v5 with
+   clusters by 0.1 to 0.7 points (at 4096^3 .. 4096 x 14336 x 4096): small, and kept
+   because it costs nothing at K a multiple of 256. Otherwise the cost is the padding
+   (K = 4104: 65 steps become 68).
+
+Measured and not kept: a register split (``register_split=True``: 12 warps, the producer
+warpgroup gives registers to the consumers with setmaxnreg) ran within 0.6% of the
+9-warp kernel either way: the 64 x 256 fp32 accumulator (128 registers a thread) already
+fits in the 224 a thread may have at 288 threads. It pays when the consumers need more,
+e.g. a 128 x 256 accumulator per warpgroup.
+
+Constraints as in v1. Run: python matmul_v5.py [--sizes ...] [--check-only] [--compile-only]
+"""
+
+import sys
+
+import tilus
+import torch
+from tilus import GlobalTensor, RegisterTensor, SharedTensor, float16, float32, int32, uint32
+from tilus.hidet.ir.expr import if_then_else
+from tilus.hidet.ir.primitives.cuda.setmaxnreg import setmaxnreg
+from tilus.ir.layout.ops.shared_ops import shared_row_major
+from tilus.ir.layout.shared_layout import Swizzle, shared_layout
+from tilus.utils import cdiv
+
+import support
+from matmul_v4 import GroupedTileOrder
+from pipeline import Pipeline
+
+
+def persistent_blocks(units: int32, num_sms: int32, cluster: int):
+    """Blocks to launch: one per SM (whole clusters only), fewer when there are fewer units of work."""
+    clusters = num_sms // cluster
+    return if_then_else(units < clusters, units, clusters) * cluster
+
+
+# v4's Blackwell kernel made persistent, and nothing else: clusters (cta_group 2 on
+# Blackwell) and an epilogue overlapped through a second TMEM accumulator are the Blackwell
+# counterparts of the Hopper techniques below, left for a GPU to measure them on. The space
+# is v4's.
+@tilus.autotune("block_m, block_n, e_block_n", [[128, 64, 32], [128, 128, 32], [128, 256, 32]])
+@tilus.autotune("block_k", [64])
+@tilus.autotune("stages", [2, 3, 4])
+@tilus.autotune("group_m", [8, 16])
+class BlackwellMatmulV5(GroupedTileOrder, tilus.Script):
+    def __init__(self, block_m: int, block_n: int, block_k: int, e_block_n: int, stages: int, group_m: int):
+        super().__init__()
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.e_block_n = e_block_n
+        self.stages = stages
+        self.group_m = group_m
+
+    def __call__(
+        self,
+        m_size: int32,
+        n_size: int32,
+        k_size: int32,
+        a_ptr: ~float16,
+        b_ptr: ~float16,
+        c_ptr: ~float16,
+        num_sms: int32,
+    ):
+        num_m = cdiv(m_size, self.block_m)
+        num_n = cdiv(n_size, self.block_n)
+        self.attrs.blocks = persistent_blocks(num_m * num_n, num_sms, 1)
+        self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
+
+        # 2. operands: global views, shared tiles, the accumulator
+        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
+        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
+        s_a = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
+        s_c = self.shared_tensor(dtype=float16, shape=[self.block_m, self.e_block_n])
+        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+
+        # 3. barriers
+        pipe = Pipeline(self.stages, consumer_arrivals=1)  # the tensor core arrives once per slot
+        flush_barrier = self.mbarrier.alloc(counts=[1])
+        self.sync()
+        pipe.producer_start()
+        pipe.consumer_start()
+        flush_phase: uint32 = 0
+        k_trips = cdiv(k_size, self.block_k * self.stages) * (self.block_k * self.stages)
+
+        # 1. the tiles of C this block computes: every gridDim.x-th, in the grouped order; sections
+        # 4 and 5 run once per tile, and the ring's cursors run on from tile to tile
+        for tile in self.range(self.blockIdx.x, num_m * num_n, self.gridDim.x):
+            tile_m, tile_n = self.grouped_tile(tile, num_m, num_n)
+            offset_m: int32 = self.block_m * tile_m
+            offset_n: int32 = self.block_n * tile_n
+
+            # 4. the K loop, one per role; the cursors run on from tile to tile
+            with self.thread_group(thread_begin=0, num_threads=32):  # producer: the TMA warp
+                pipe.producer_start_trips()
+                for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
+                    pipe.producer_acquire(transaction_bytes=s_a[0].nbytes + s_b[0].nbytes)
+                    self.tma.global_to_shared(
+                        src=g_a, dst=s_a[pipe.producer_stage], offsets=[offset_m, offset_k], mbarrier=pipe.producer_barrier()
+                    )
+                    self.tma.global_to_shared(
+                        src=g_b, dst=s_b[pipe.producer_stage], offsets=[offset_n, offset_k], mbarrier=pipe.producer_barrier()
+                    )
+                    pipe.producer_advance()
+
+            with self.thread_group(thread_begin=32, num_threads=32):  # consumer: the MMA warp
+                pipe.consumer_start_trips()
+                for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
+                    pipe.consumer_acquire()
+                    self.tcgen05.mma(
+                        s_a[pipe.consumer_stage], s_b[pipe.consumer_stage].transpose(), t_acc, enable_input_d=offset_k != 0
+                    )
+                    pipe.consumer_release_async()
+                    pipe.consumer_advance()
+                self.tcgen05.commit(mbarrier=flush_barrier)
+                self.mbarrier.wait(flush_barrier, phase=flush_phase)
+            flush_phase ^= 1
+            self.sync()
+
+            # 5. epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
+            for e_offset_n in range(0, self.block_n, self.e_block_n):
+                t_acc_slice = self.tcgen05.slice(
+                    t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
+                )
+                r_acc = self.tcgen05.load(t_acc_slice)
+                self.tcgen05.wait_load()
+                self.store_shared(s_c, r_acc.to(float16))
+                self.fence.proxy_async(space="shared")
+                self.sync()
+                with self.single_warp():
+                    self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n + e_offset_n], dims=[0, 1])
+                    self.tma.commit_group()
+                    self.tma.wait_group(n=0, read=True)
+                self.sync()
+
+        self.tcgen05.dealloc(t_acc)
+
+
+# v4's tiles and group sizes; cluster_m: 1 or 2 CTAs stacked in M sharing B. Clusters pay
+# where B traffic dominates (8192^3) and may cost where there are few units of work to
+# balance (2048 x 2048 x 8192: 64 tiles, 32 clusters), so the tuner picks per shape. The
+# switches after cluster_m are for the ablation (docs/ablation.py), not tuned: their
+# defaults are what measured best.
+@tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 64, 8]])
+@tilus.autotune("block_k", [64])
+@tilus.autotune("group_m", [8, 16, 32])
+@tilus.autotune("cluster_m", [1, 2])
+class HopperMatmulV5(GroupedTileOrder, tilus.Script):
+    def __init__(
+        self,
+        block_m: int,
+        block_n: int,
+        block_k: int,
+        stages: int,
+        group_m: int,
+        cluster_m: int,
+        register_split: bool = False,
+        overlap_epilogue: bool = True,
+        swizzled_store: bool = True,
+    ):
+        super().__init__()
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.stages = stages
+        self.group_m = group_m
+        self.cluster_m = cluster_m
+        self.register_split = register_split
+        self.overlap_epilogue = overlap_epilogue
+        self.swizzled_store = swizzled_store
+        self.consumer_m = block_m // 2
+
+    def __call__(
+        self,
+        m_size: int32,
+        n_size: int32,
+        k_size: int32,
+        a_ptr: ~float16,
+        b_ptr: ~float16,
+        c_ptr: ~float16,
+        num_sms: int32,
+    ):
+        num_m = cdiv(m_size, self.block_m)
+        num_n = cdiv(n_size, self.block_n)
+        # a unit of work: cluster_m tiles stacked in M, one per CTA of a cluster, sharing B
+        num_units_m = cdiv(num_m, self.cluster_m)
+        num_units = num_units_m * num_n
+        self.attrs.blocks = persistent_blocks(num_units, num_sms, self.cluster_m)
+        self.attrs.cluster_blocks = self.cluster_m
+        self.attrs.warps = 12 if self.register_split else 9
+
+        # 2. operands
+        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
+        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
+        s_a = self.shared_tensor(dtype=float16, shape=[self.stages, 2, self.consumer_m, self.block_k])
+        # B's slot in cluster_m parts: each CTA of the cluster loads one part into every CTA
+        s_b = self.shared_tensor(
+            dtype=float16, shape=[self.stages, self.cluster_m, self.block_n // self.cluster_m, self.block_k]
+        )
+        if self.swizzled_store:
+            # 64-column boxes, each with TMA's 128-byte swizzle: row r's 16-byte chunk c sits at
+            # chunk c ^ (r % 8), so the 8 rows an stmatrix writes hit 8 different bank groups
+            boxes = self.block_n // 64
+            s_c = self.shared_tensor(dtype=float16, shape=[boxes, self.consumer_m, 64])
+            self.annotate_layout(s_c, shared_layout(
+                shape=[boxes, self.consumer_m, 64], mode_shape=[boxes, self.consumer_m, 64],
+                mode_strides=[self.consumer_m * 64, 64, 1], optional_swizzle=Swizzle(base=3, bits=3, shift=3),
+            ))
+        else:
+            s_c = self.shared_tensor(dtype=float16, shape=[self.consumer_m, self.block_n])
+            self.annotate_layout(s_c, shared_row_major(self.consumer_m, self.block_n))
+
+        # 3. barriers: a slot is free once both consumer warpgroups of every CTA that reads it let go
+        pipe = Pipeline(self.stages, consumer_arrivals=2 * self.cluster_m)
+        s_c_free = self.mbarrier.alloc(counts=[1, 1])  # s_c is free for warpgroup 0, 1
+        tile_done = self.mbarrier.alloc(counts=[2])  # both consumers have stored their rows
+        if self.cluster_m > 1:
+            self.cluster.sync()  # a peer may signal our barriers only once they are initialised
+            rank: int32 = self.cluster.blockRank
+        else:
+            self.sync()
+            rank: int32 = 0
+        # every tile takes whole trips round the ring (TMA fills the steps past K with zeros),
+        # so each tile starts at slot 0 and the unrolled loops index slots by constants
+        k_trips = cdiv(k_size, self.block_k * self.stages) * (self.block_k * self.stages)
+        first_unit = self.blockIdx.x // self.cluster_m
+        unit_step = self.gridDim.x // self.cluster_m
+
+        # 4. the K loop of every tile, one per role: the producer here, each consumer in consumer()
+        producer_threads = 128 if self.register_split else 32
+        with self.thread_group(thread_begin=256, num_threads=producer_threads):
+            if self.register_split:
+                setmaxnreg(40, "dec")  # the producer warpgroup gives registers to the consumers
+            with self.thread_group(thread_begin=0, num_threads=32):  # producer: the TMA warp
+                pipe.producer_start()
+                done_phase: uint32 = 0
+                # 1. the units of work of this block (this cluster): every unit_step-th, in grouped order
+                for unit in self.range(first_unit, num_units, unit_step):
+                    tile_m, tile_n = self.unit_tile(unit, num_units_m, num_n, rank)
+                    if not self.overlap_epilogue:
+                        if unit != first_unit:
+                            self.mbarrier.wait(tile_done, phase=done_phase)
+                            done_phase ^= 1
+                    pipe.producer_start_trips()
+                    for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
+                        pipe.producer_acquire(transaction_bytes=s_a[0].nbytes + s_b[0].nbytes)
+                        for part in range(2):
+                            self.tma.global_to_shared(
+                                src=g_a,
+                                dst=s_a[pipe.producer_stage, part],
+                                offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k],
+                                mbarrier=pipe.producer_barrier(),
+                            )
+                        self.load_b(g_b, s_b, pipe, self.block_n * tile_n, offset_k, rank)
+                        pipe.producer_advance()
+
+        self.consumer(0, pipe, s_a, s_b, s_c, s_c_free, tile_done, g_c, rank, first_unit, unit_step, num_units,
+                      num_units_m, num_n, k_trips)
+        self.consumer(1, pipe, s_a, s_b, s_c, s_c_free, tile_done, g_c, rank, first_unit, unit_step, num_units,
+                      num_units_m, num_n, k_trips)
+
+        if self.cluster_m > 1:
+            self.cluster.sync()  # stay until the peer has stopped writing into our slots and barriers
+
+    def unit_tile(self, unit: int32, num_units_m: int32, num_n: int32, rank: int32):
+        """The tile of unit `unit` this CTA computes: rank-th of the cluster's cluster_m tiles in M."""
+        unit_m, tile_n = self.grouped_tile(unit, num_units_m, num_n)
+        return unit_m * self.cluster_m + rank, tile_n
+
+    def load_b(self, g_b: GlobalTensor, s_b: SharedTensor, pipe: Pipeline, offset_n: int32, offset_k: int32,
+               rank: int32):
+        """Load slot producer_stage of B: all of it alone, or this CTA's part, multicast to the cluster."""
+        part_n = self.block_n // self.cluster_m
+        self.tma.global_to_shared(
+            src=g_b,
+            dst=s_b[pipe.producer_stage, rank],
+            offsets=[offset_n + rank * part_n, offset_k],
+            mbarrier=pipe.producer_barrier(),
+            multicast_mask=(1 << self.cluster_m) - 1 if self.cluster_m > 1 else None,
+        )
+
+    def consumer(
+        self,
+        warpgroup: int,
+        pipe: Pipeline,
+        s_a: SharedTensor,
+        s_b: SharedTensor,
+        s_c: SharedTensor,
+        s_c_free: RegisterTensor,
+        tile_done: RegisterTensor,
+        g_c: GlobalTensor,
+        rank: int32,
+        first_unit: int32,
+        unit_step: int32,
+        num_units: int32,
+        num_units_m: int32,
+        num_n: int32,
+        k_trips: int32,
+    ):
+        with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
+            if self.register_split:
+                setmaxnreg(232, "inc")
+            pipe.consumer_start()
+            c_phase: uint32 = 1 - warpgroup  # warpgroup 0 writes s_c first
+            for unit in self.range(first_unit, num_units, unit_step):
+                tile_m, tile_n = self.unit_tile(unit, num_units_m, num_n, rank)
+                acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+                pipe.consumer_start_trips()
+                for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
+                    pipe.consumer_acquire()
+                    s_b_slot = self.reshape_shared(s_b[pipe.consumer_stage], [self.block_n, self.block_k])
+                    self.wgmma.fence()
+                    self.wgmma.mma(s_a[pipe.consumer_stage, warpgroup], s_b_slot.transpose(), acc)
+                    self.wgmma.commit_group()
+                    self.wgmma.wait_group(1)
+                    if offset_k > 0:
+                        pipe.consumer_release_previous_in_cluster(self.cluster_m, rank)
+                    pipe.consumer_advance()
+                self.wgmma.wait_group(0)
+                pipe.consumer_release_previous_in_cluster(self.cluster_m, rank)
+
+                # 5. epilogue: the two consumers take turns with s_c
+                self.mbarrier.wait(s_c_free[warpgroup], phase=c_phase)
+                c_phase ^= 1
+                offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
+                offset_n = self.block_n * tile_n
+                if self.swizzled_store:
+                    s_c_rows = self.reshape_shared(s_c.permute([1, 0, 2]), [self.consumer_m, self.block_n])
+                    self.store_shared(s_c_rows, acc.to(float16))
+                else:
+                    self.store_shared(s_c, acc.to(float16))
+                self.fence.proxy_async(space="shared")
+                self.sync()
+                with self.single_warp():
+                    if self.swizzled_store:
+                        for box in range(self.block_n // 64):
+                            self.tma.shared_to_global(s_c[box], g_c, offsets=[offset_m, offset_n + box * 64], dims=[0, 1])
+                    else:
+                        self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n], dims=[0, 1])
+                    self.tma.commit_group()
+                    self.tma.wait_group(n=0, read=True)
+                    with self.single_thread():
+                        self.mbarrier.arrive(s_c_free[1 - warpgroup])
+                        if not self.overlap_epilogue:
+                            self.mbarrier.arrive(tile_done)
+
+
+KERNELS = {"blackwell": BlackwellMatmulV5, "hopper": HopperMatmulV5}
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """C = A @ B.T for fp16 A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+
+    Raises TypeError/ValueError naming the rule for input the kernels cannot take.
+    """
+    return support.launch(KERNELS, a, b, out)
+
+
+if __name__ == "__main__":
+    sys.exit(support.main("v5", KERNELS, matmul))

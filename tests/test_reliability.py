@@ -366,18 +366,28 @@ def check_stream_order(stage: str, device_index: int = 0) -> None:
         side = torch.cuda.Stream()
     out = torch.empty((m, n), dtype=torch.float16, device=a.device)
     module.matmul(a, b, out=out)  # builds and tunes this size (tuning synchronizes) before the test proper
-    with torch.cuda.stream(side):
-        module.matmul(a, b)  # leaves a block of this size in the side stream's pool: no cudaMalloc below
-    torch.cuda.synchronize(a.device)
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(SPIN_CYCLES)
+
+    def queue_new_inputs():
         a.copy_(new_a)
         b.copy_(new_b)
         out.fill_(math.nan)
+
+    with torch.cuda.stream(side):
+        module.matmul(a, b)  # leaves a block of this size in the side stream's pool: no cudaMalloc below
+        # CUDA loads a kernel's code at its first launch (lazy loading), which can wait for the
+        # GPU: every kernel launched while the spin runs below has been launched once before
+        torch.cuda._sleep(1)
+        queue_new_inputs()
+    torch.cuda.synchronize(a.device)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SPIN_CYCLES)
+        queue_new_inputs()
+        queued_early = not side.query()
         own = module.matmul(a, b)
         module.matmul(a, b, out=out)
         returned_early = not side.query()
     torch.cuda.synchronize(a.device)
+    assert queued_early, f"{stage}: the spin on the side stream ended before the test queued its inputs"
     assert returned_early, f"{stage}: matmul returned only after the stream's earlier work had finished (a sync)"
     for name, result in (("matmul(a, b)", own), ("matmul(a, b, out=out)", out)):
         err = measure.relative_error(result, ref)

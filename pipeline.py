@@ -7,7 +7,7 @@ bookkeeping lives here, and a kernel says only what each side does:
     producer                                  consumer
     pipe.producer_acquire(bytes)              pipe.consumer_acquire()
     TMA loads into slot producer_stage,       multiply slot consumer_stage
-      completing on pipe.producer_barrier()   pipe.consumer_release()  (or _async, see below)
+      completing on pipe.producer_barrier()   free a slot: pipe.consumer_release_*()
     pipe.producer_advance()                   pipe.consumer_advance()
 
 The contract (who arrives on which barrier, how many times, and the phases):
@@ -18,7 +18,9 @@ The contract (who arrives on which barrier, how many times, and the phases):
 - ``empty_barriers[s]``, "slot s may be overwritten": arrival count ``consumer_arrivals``,
   chosen by the kernel for the way its consumers release a slot. The producer waits on it.
   - Hopper: the slot is free once ``wgmma.wait_group`` proves the MMA that read it finished;
-    then every consumer thread arrives (``consumer_release``): 128 per consumer warpgroup.
+    then every consumer thread arrives (``consumer_release_previous``): 128 per consumer
+    warpgroup. Or one thread per warpgroup arrives on the barrier of each CTA of its cluster
+    (``consumer_release_previous_in_cluster``): warpgroups x CTAs.
   - Blackwell: ``tcgen05.commit`` makes the tensor core itself arrive, once, when every MMA
     issued so far has finished (``consumer_release_async``): count 1.
 - Phases: every barrier starts in phase 0 and a wait for phase p passes once phase p has
@@ -29,8 +31,8 @@ The contract (who arrives on which barrier, how many times, and the phases):
   flips its phase when its stage index wraps to 0.
 - Release order: a consumer frees slots in the order it acquired them, but not always at
   once: the Hopper consumer keeps one wgmma in flight, so it frees the slot of the
-  previous step. ``release_stage`` is the oldest slot the consumer still holds; each release
-  frees it and moves on. Arrivals need no phase, only the slot.
+  previous step: the slot before ``consumer_stage`` (``previous_empty_barrier``), the oldest
+  one it still holds. Arrivals need no phase, only the slot.
 
 The state lives in registers of whichever threads use it: the producer's threads only
 touch the producer fields, the consumers' only the consumer fields. Slots themselves (the
@@ -95,9 +97,13 @@ class Pipeline(tilus.Class):
         self.consumer_stage = (self.consumer_stage + 1) % self.stages
         self.consumer_phase = self.consumer_phase ^ (self.consumer_stage == 0)
 
+    def previous_empty_barrier(self) -> RegisterTensor:
+        """The empty barrier of the slot before consumer_stage: the one a Hopper consumer frees next."""
+        return self.empty_barriers[(self.consumer_stage + (self.stages - 1)) % self.stages]
+
     def consumer_release_previous(self):
         """Free the slot before consumer_stage: each calling thread arrives on its empty barrier."""
-        self.mbarrier.arrive(self.empty_barriers[(self.consumer_stage + (self.stages - 1)) % self.stages])
+        self.mbarrier.arrive(self.previous_empty_barrier())
 
     def consumer_release_previous_in_cluster(self, ctas: int, rank: int32):
         """Free the slot before consumer_stage in each of the cluster's ctas CTAs (1 or 2).
@@ -107,7 +113,7 @@ class Pipeline(tilus.Class):
         cluster of 2 the peer's producer multicasts into this CTA's slot too, so it must
         hear from these consumers as well (empty count: warpgroups x ctas).
         """
-        barrier = self.empty_barriers[(self.consumer_stage + (self.stages - 1)) % self.stages]
+        barrier = self.previous_empty_barrier()
         with self.single_thread():
             self.mbarrier.arrive(barrier)
             if ctas == 2:

@@ -366,22 +366,21 @@ def check_stream_order(stage: str, device_index: int = 0) -> None:
         side = torch.cuda.Stream()
     out = torch.empty((m, n), dtype=torch.float16, device=a.device)
     module.matmul(a, b, out=out)  # builds and tunes this size (tuning synchronizes) before the test proper
-
-    def queue_new_inputs():
-        a.copy_(new_a)
-        b.copy_(new_b)
-        out.fill_(math.nan)
-
     with torch.cuda.stream(side):
         module.matmul(a, b)  # leaves a block of this size in the side stream's pool: no cudaMalloc below
         # CUDA loads a kernel's code at its first launch (lazy loading), which can wait for the
-        # GPU: every kernel launched while the spin runs below has been launched once before
+        # GPU: each kind of work queued while the spin runs below is queued once before, on scratch
+        # tensors (a and b keep their first values, so a kernel that does not wait for the copies fails)
         torch.cuda._sleep(1)
-        queue_new_inputs()
+        torch.empty_like(a).copy_(new_a)
+        torch.empty_like(b).copy_(new_b)
+        torch.empty_like(out).fill_(math.nan)
     torch.cuda.synchronize(a.device)
     with torch.cuda.stream(side):
         torch.cuda._sleep(SPIN_CYCLES)
-        queue_new_inputs()
+        a.copy_(new_a)
+        b.copy_(new_b)
+        out.fill_(math.nan)
         queued_early = not side.query()
         own = module.matmul(a, b)
         module.matmul(a, b, out=out)

@@ -13,6 +13,7 @@ builds or tunes them again (``discard_corrupt_entries``).
 """
 
 import contextlib
+import functools
 import hashlib
 import inspect
 import os
@@ -46,6 +47,7 @@ def kernel_sources(script_cls) -> list[Path]:
     return [*sorted(files), Path(compat.__file__)]
 
 
+@functools.cache  # asked on every launch; the code a process runs is the code it imported
 def source_key(script_cls) -> str:
     digest = hashlib.sha256(tilus.__version__.encode())
     for path in kernel_sources(script_cls):

@@ -1,4 +1,5 @@
 import importlib
+import os
 import re
 
 import pytest
@@ -7,6 +8,12 @@ from support import build, cache, gpu
 
 STAGES = sorted(path.stem for path in cache.REPO.glob("matmul_v*.py"))
 ARCHS = sorted(gpu.ARCHS)
+
+
+def child_env(**extra) -> dict:
+    """The environment of a child Python process that imports the stages, support and the test modules."""
+    paths = [str(cache.REPO), str(cache.REPO / "tests"), os.environ.get("PYTHONPATH", "")]
+    return os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, paths))} | {k: str(v) for k, v in extra.items()}
 
 
 def no_gpu_reason() -> str | None:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import overlaps, shared_memory_map
+from conftest import child_env, overlaps, shared_memory_map
 
 from support import cache, compat
 
@@ -140,9 +140,7 @@ with compat.disabled(*{disabled!r}) if {disabled!r} else contextlib.nullcontext(
 assert result.ok, result.error
 print(result.module_dir)
 """
-    paths = [str(cache.REPO / "tests"), os.environ.get("PYTHONPATH", "")]
-    env = os.environ | {"MATMUL_TUTORIAL_CACHE": str(tmp_path / "cache"), "PYTHONPATH": os.pathsep.join(filter(None, paths))}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=cache.REPO, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cache.REPO, env=child_env(MATMUL_TUTORIAL_CACHE=tmp_path / "cache"), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return open(os.path.join(proc.stdout.strip().splitlines()[-1], "source.cu")).read()
 

@@ -5,14 +5,13 @@ timeout: a kernel that deadlocks fails its test with the kernel and schedule nam
 of freezing the run.
 """
 
-import os
 import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import STAGES
+from conftest import STAGES, child_env
 
 from support import cache, gpu, measure
 
@@ -106,10 +105,8 @@ def test_sanitizer_clean_at_a_small_size(stage, tool):
 
 def run_probe(code: str, timeout: float = 300) -> str:
     """Run probe kernels in a child process: a deadlocked ring fails the test instead of hanging it."""
-    paths = [str(cache.REPO), str(cache.REPO / "tests"), os.environ.get("PYTHONPATH", "")]
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, paths))}
     try:
-        proc = subprocess.run([sys.executable, "-c", code], cwd=cache.REPO, env=env, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-c", code], cwd=cache.REPO, env=child_env(), capture_output=True, text=True,
                               timeout=timeout)
     except subprocess.TimeoutExpired:
         pytest.fail(f"no result within {timeout} s: a kernel hung")

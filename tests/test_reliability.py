@@ -34,11 +34,9 @@ import filelock
 import pytest
 import tilus
 import torch
-from conftest import ARCHS, STAGES
+from conftest import ARCHS, STAGES, child_env
 
 from support import build, cache, dispatch, gpu, measure
-
-TESTS = Path(__file__).resolve().parent
 
 SEED = int(os.environ.get("MATMUL_RANDOM_SEED", "20250611"))
 SHAPES_PER_STAGE = 50  # per schedule: every schedule runs every shape
@@ -190,11 +188,6 @@ def test_random_shapes_are_valid_seeded_and_reach_every_edge(stage, arch):
 def child(name: str, *args) -> list[str]:
     """The command line of a child process that runs ``name(*args)`` of this module."""
     return [sys.executable, "-c", f"import test_reliability as t; t.{name}(*{args!r})"]
-
-
-def child_env(**extra) -> dict:
-    paths = [str(cache.REPO), str(TESTS), os.environ.get("PYTHONPATH", "")]
-    return os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, paths))} | {k: str(v) for k, v in extra.items()}
 
 
 def run_check(name: str, *args, timeout: float = 900, prefix=(), env=None, cwd=cache.REPO):

@@ -36,7 +36,7 @@ import tilus
 import torch
 from conftest import ARCHS, STAGES, child_env
 
-from support import build, cache, dispatch, gpu, measure
+from support import build, cache, cli, dispatch, gpu, measure
 
 SEED = int(os.environ.get("MATMUL_RANDOM_SEED", "20250611"))
 SHAPES_PER_STAGE = 50  # per schedule: every schedule runs every shape
@@ -239,35 +239,21 @@ def check_random_shapes(stage: str, seed: int, timeout_s: float) -> None:
     name = script_cls.__name__
     shapes = random_shapes(seed, tile_sizes(script_cls))
     print(f"{name}, seed {seed}: {' '.join(map(size_text, shapes))}", flush=True)
-    cache.use_cache(script_cls, gpu.gpu_label())
-    jit = dispatch.jit_instance(script_cls, *shapes[0])
-    jit.programs()
-    if len(jit.compiled_programs) != len(jit.schedules):
-        print(f"FAIL {name}: only {len(jit.compiled_programs)} of {len(jit.schedules)} schedules built", flush=True)
-    launches = failures = 0
-    for index, (m, n, k) in enumerate(shapes):
-        a, b, ref = measure.random_inputs(m, n, k, seed=seed + index)
-        out = torch.empty((m, n), dtype=torch.float16, device="cuda")
-        args = dispatch.kernel_args(script_cls, m, n, k, a, b, out)
-        for compiled, schedule_index in zip(jit.compiled_programs, jit.valid_schedules):
-            where = f"{name} [{dispatch.format_schedule(jit.schedules[schedule_index])}] at {m}x{n}x{k}"
-            out.fill_(math.nan)
-            print(f"START {where} (seed {seed}, shape {index})", flush=True)
-            compiled.get_launch_func()(*args)
-            measure.sync_or_exit(f"{where} (seed {seed}, shape {index})", timeout_s)
-            err = measure.relative_error(out, ref)
-            launches += 1
-            if not measure.passes(err):
-                failures += 1
-                print(
-                    f"FAIL {where}: relative error {err:.2e} (seed {seed}, shape {index} {m}x{n}x{k}); replay: "
-                    f"MATMUL_RANDOM_SEED={seed} pytest tests/test_reliability.py -k 'random_shapes and {stage}', "
-                    f"or python {stage}.py --all-schedules --sizes {m}x{n}x{k}",
-                    flush=True,
-                )
-        del a, b, ref, out
+    built, total, results = cli.check_every_schedule(script_cls, shapes, timeout_s, first_seed=seed)
+    if built != total:
+        print(f"FAIL {name}: only {built} of {total} schedules built", flush=True)
+    failures = 0
+    for (m, n, k), schedule, err in results:
+        if not measure.passes(err):
+            failures += 1
+            print(
+                f"FAIL {name} [{schedule}] at {m}x{n}x{k}: relative error {err:.2e} (seed {seed}); replay: "
+                f"MATMUL_RANDOM_SEED={seed} pytest tests/test_reliability.py -k 'random_shapes and {stage}', "
+                f"or python {stage}.py --all-schedules --sizes {m}x{n}x{k}",
+                flush=True,
+            )
     print(
-        f"RESULT {name}: {len(jit.compiled_programs)} schedules x {len(shapes)} shapes = {launches} launches, "
+        f"RESULT {name}: {built} schedules x {len(shapes)} shapes = {len(results)} launches, "
         f"{failures} failures (seed {seed})",
         flush=True,
     )

@@ -1,6 +1,14 @@
-"""What ``matmul(a, b, out)`` accepts: each rule a TypeError or ValueError that names it."""
+"""What ``matmul(a, b, out)`` accepts: each rule a TypeError or ValueError that names it.
+
+``check_inputs`` runs on every call, so it asks the cheap questions first: when one
+conjunction of them holds, the input is valid and nothing else is asked. Only input that
+fails it goes through the rules one by one (``check_each_rule``), which name the first
+rule broken.
+"""
 
 import torch
+
+_FP16 = torch.float16
 
 
 def _check_tensor(name: str, t, shape=None) -> None:
@@ -32,11 +40,29 @@ def _check_layout(name: str, t: torch.Tensor) -> None:
 
 def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
     x0, y0 = x.data_ptr(), y.data_ptr()
-    return x.device == y.device and x0 < y0 + y.numel() * 2 and y0 < x0 + x.numel() * 2
+    return x.get_device() == y.get_device() and x0 < y0 + y.numel() * 2 and y0 < x0 + x.numel() * 2
 
 
 def check_inputs(a, b, out=None) -> tuple[int, int, int]:
     """Validate ``matmul(a, b, out)`` input; return (M, N, K). Raises TypeError/ValueError naming the rule."""
+    if (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype is _FP16 and b.dtype is _FP16
+            and a.dim() == 2 and b.dim() == 2):
+        (m, k), (n, kb) = a.shape, b.shape
+        if (k == kb and m and n and k and not (k % 8 or n % 8) and max(m * k, n * k, m * n) < 2**31 and a.is_cuda
+                and a.get_device() == b.get_device() and a.is_contiguous() and b.is_contiguous()
+                and not (a.data_ptr() % 16 or b.data_ptr() % 16) and (out is None or _fits_out(out, a, b, m, n))):
+            return m, n, k
+    return check_each_rule(a, b, out)
+
+
+def _fits_out(out, a: torch.Tensor, b: torch.Tensor, m: int, n: int) -> bool:
+    return (isinstance(out, torch.Tensor) and out.dtype is _FP16 and out.shape == (m, n)
+            and out.get_device() == a.get_device() and out.is_contiguous() and not out.data_ptr() % 16
+            and not _overlaps(out, a) and not _overlaps(out, b))
+
+
+def check_each_rule(a, b, out=None) -> tuple[int, int, int]:
+    """The rules one by one, each raising a TypeError/ValueError that names it; (M, N, K) if all hold."""
     _check_tensor("a", a)
     _check_tensor("b", b)
     (m, k), (n, kb) = a.shape, b.shape

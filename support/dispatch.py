@@ -1,4 +1,11 @@
-"""Running a stage's kernel: validate, pick the kernel for this GPU, tune once per size bucket, launch.
+"""Running a version's kernel: validate, pick the kernel for this GPU, tune once per size bucket, launch.
+
+The launch path. The first call for a (GPU, kernel, size bucket) builds (cached on disk),
+tunes and keeps the chosen schedule's compiled launch function (``_by_bucket``); every
+later call checks the inputs, finds that function by its exact size in one dict lookup
+(``_by_size``) and calls it: no filesystem work, no device-property queries, no tilus key
+extraction and no object construction. What it needs of the GPU (which kernel, the SM
+count) is asked once per device (``_devices``).
 
 tilus 0.2.0 autotunes on the first call for each bucket of (M, N, K), timing every
 schedule five times right after building, while the GPU is still clocking up from idle.
@@ -7,6 +14,7 @@ schedule five times right after building, while the GPU is still clocking up fro
 bucket tuned and never times anything itself. The ranking is saved beside the cache.
 """
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -22,33 +30,106 @@ from support.gpu import gpu_arch, gpu_label
 from support.measure import time_samples, warm_up_gpu
 
 TUNE_QUICK_RUNS = 10  # first pass: every schedule, median of this many runs
-TUNE_FINALISTS = 3  # second pass: the best few, interleaved in rounds as in time_against_cublas
+TUNE_FINALISTS = 3  # second pass: the best few, interleaved in rounds as in measure.time_burst
 TUNE_FINAL_RUNS = 30
 
 
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """What the launch path needs of one GPU, asked once per process."""
+
+    index: int
+    arch: str  # 'hopper' or 'blackwell': which kernel of a version runs here
+    label: str  # the GPU's slug: its tilus cache directory
+    num_sms: int
+
+
+_devices: dict[int, Device] = {}
+# (kernel class, device index, M, N, K bucket) -> (compiled launch function, kernel arguments after C)
+_by_bucket: dict[tuple, tuple] = {}
+# the same launchers by exact size, (id of a version's KERNELS, device index, M, N, K): one dict
+# lookup per call instead of three buckets and the device's facts; cleared when it grows large
+_by_size: dict[tuple, tuple] = {}
+BY_SIZE_LIMIT = 4096
+
+
+def device(index: int) -> Device:
+    """The GPU facts for device ``index``, looked up on its first use (UnsupportedGPUError if it cannot run these kernels)."""
+    found = _devices.get(index)
+    if found is None:
+        found = Device(index, gpu_arch(index), gpu_label(index), torch.cuda.get_device_properties(index).multi_processor_count)
+        _devices[index] = found
+    return found
+
+
+def bucket(x: int) -> int:
+    """tilus' tuning bucket of a size: rounded up to one of four steps per power of two (``extract_keys``)."""
+    step = 1 << max(x.bit_length() - 2, 0)
+    return -(-x // step) * step
+
+
 def launch(kernels: dict, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Validate, pick the kernel for this GPU, run it (autotuning on the first call per size bucket)."""
+    """Validate, pick the kernel for this GPU, run it (building and tuning on the first call per size bucket).
+
+    ``kernels`` is a version's KERNELS, a module constant: its id keys the launchers.
+    """
     m, n, k = check_inputs(a, b, out)
-    script_cls = kernels[gpu_arch(a.device)]
+    index = a.get_device()
+    launcher = _by_size.get((id(kernels), index, m, n, k))
+    if launcher is None:
+        return first_call_at_size(kernels, index, m, n, k, a, b, out)
     if out is None:
-        out = torch.empty((m, n), dtype=torch.float16, device=a.device)
-    with torch.cuda.device(a.device):
-        use_cache(script_cls, gpu_label(a.device))
-        script = script_cls()
-        args = kernel_args(script_cls, m, n, k, a, b, out)
-        tune_once(script, args)
-        script(*args)
+        out = a.new_empty(m, n)
+    run(launcher, index, m, n, k, a, b, out)
     return out
 
 
-@functools.cache  # asked on every launch; a class's signature never changes
+def run(launcher: tuple, index: int, m: int, n: int, k: int, a, b, out) -> None:
+    func, extra = launcher
+    if index == torch.cuda.current_device():
+        func(m, n, k, a, b, out, *extra)
+    else:  # tilus launches on the current stream of the current device
+        with torch.cuda.device(index):
+            func(m, n, k, a, b, out, *extra)
+
+
+def first_call_at_size(kernels: dict, index: int, m: int, n: int, k: int, a, b, out) -> torch.Tensor:
+    """The first call at a size: find its bucket's launcher, building and tuning the bucket if it is new; run it."""
+    gpu = device(index)
+    script_cls = kernels[gpu.arch]
+    if out is None:
+        out = a.new_empty(m, n)
+    key = (script_cls, index, bucket(m), bucket(n), bucket(k))
+    launcher = _by_bucket.get(key)
+    if launcher is None:
+        launcher = _by_bucket[key] = first_launch(script_cls, gpu, m, n, k, a, b, out)
+    else:
+        run(launcher, index, m, n, k, a, b, out)
+    if len(_by_size) >= BY_SIZE_LIMIT:
+        _by_size.clear()
+    _by_size[id(kernels), index, m, n, k] = launcher
+    return out
+
+
+def first_launch(script_cls, gpu: Device, m: int, n: int, k: int, a, b, out) -> tuple:
+    """Build and tune this size's bucket (once per machine; cached on disk), run it, return its launcher."""
+    with torch.cuda.device(gpu.index):
+        use_cache(script_cls, gpu.label)
+        script = script_cls()
+        args = kernel_args(script_cls, m, n, k, a, b, out, gpu.num_sms)
+        tune_once(script, args)
+        script(*args)
+        return script.dispatch_table[keys(script, args)], args[6:]
+
+
+@functools.cache  # a class's signature never changes
 def is_persistent(script_cls) -> bool:
     """A persistent kernel (v5) takes the number of SMs after M, N, K and the three tensors."""
     return "num_sms" in inspect.signature(script_cls.__call__).parameters
 
 
 def kernel_args(script_cls, m: int, n: int, k: int, a, b, out, num_sms: int | None = None) -> tuple:
-    """The arguments of a stage kernel: M, N, K, A, B, C and, for a persistent kernel, the SM count.
+    """The arguments of a version's kernel: M, N, K, A, B, C and, for a persistent kernel, the SM count.
 
     ``num_sms`` defaults to the SM count of the current GPU (132 when building without one:
     the value is an argument of the kernel, not compiled into it).

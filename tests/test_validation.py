@@ -10,7 +10,7 @@ import torch
 from conftest import STAGES
 
 import matmul_v1
-from support import checks, gpu, measure
+from support import checks, dispatch, gpu, measure
 
 
 def half(*shape):
@@ -183,6 +183,8 @@ def test_unsupported_gpu_is_rejected_by_matmul_before_launching(monkeypatch):
     a = torch.randn(64, 64, device="cuda").half()
     out = torch.full((64, 64), math.nan, dtype=torch.float16, device="cuda")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    for learnt in ("_devices", "_by_size"):  # what the process learnt of its GPU and sizes, forgotten
+        monkeypatch.setattr(dispatch, learnt, {})
     with pytest.raises(gpu.UnsupportedGPUError, match="is sm_80; these kernels need Hopper"):
         matmul_v1.matmul(a, a, out=out)
     torch.cuda.synchronize()

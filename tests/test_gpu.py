@@ -17,9 +17,10 @@ from support import cache, gpu, measure
 
 pytestmark = pytest.mark.gpu
 
-# square sizes the results are quoted at, shapes that are not tile multiples, and one whose
-# grouped tile order divides by 7 and 5 (fast_divmod, compat defect 4)
-SHAPES = ["4096", "8192", "1000x1016x1024", "129x264x72", "3000x520x4104", "7x8x8", "640x1792x128"]
+# square sizes the results are quoted at, shapes that are not tile multiples, one whose
+# grouped tile order divides by 7 and 5 (fast_divmod, compat defect 4), and decode (M = 1, 16)
+SHAPES = ["4096", "8192", "1000x1016x1024", "129x264x72", "3000x520x4104", "7x8x8", "640x1792x128",
+          "1x4096x4096", "16x14336x4104"]
 
 
 def run_child(args: list[str], timeout: float) -> str:
@@ -54,6 +55,42 @@ def test_matmul_matches_torch_and_fills_out():
     assert matmul_v1.matmul(a, b, out=out) is out
     assert measure.passes(measure.relative_error(out, ref))
     assert measure.passes(measure.relative_error(matmul_v1.matmul(a, b), ref))
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_later_calls_go_straight_to_the_launch_function(stage, monkeypatch):
+    # after the first call of a size bucket: no tuning, no cache paths, no device queries, no tilus script or keys
+    import importlib
+    import inspect
+    import pathlib
+
+    from tilus.lang import instantiated_script
+
+    from support import dispatch
+
+    module = importlib.import_module(stage)
+    a_all, b_all, _ = measure.random_inputs(256, 768, 1024, seed=11)
+
+    def operands(m, n, k):
+        return a_all[:m, :k].contiguous(), b_all[:n, :k].contiguous()
+
+    module.matmul(*operands(250, 520, 1000))  # builds and tunes the bucket 256 x 768 x 1024
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a later call did work that belongs to the first call of a bucket")
+
+    for owner, name in [(torch.cuda, "get_device_properties"), (torch.cuda, "get_device_name"),
+                        (torch.cuda, "get_device_capability"), (dispatch, "use_cache"), (dispatch, "tune_once"),
+                        (dispatch, "extract_keys"), (inspect, "signature"), (pathlib.Path, "__truediv__"),
+                        (instantiated_script.InstantiatedScriptCache, "get"),
+                        (instantiated_script.InstantiatedScript, "__call__")]:
+        monkeypatch.setattr(owner, name, forbidden)
+    for m, n, k in [(250, 520, 1000), (193, 640, 1000), (256, 768, 1024)]:  # all in that bucket
+        a, b = operands(m, n, k)
+        expected = a.float() @ b.float().T
+        assert measure.passes(measure.relative_error(module.matmul(a, b), expected))
+        out = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+        assert module.matmul(a, b, out=out) is out and measure.passes(measure.relative_error(out, expected))
 
 
 def test_gpu_only_input_rules():

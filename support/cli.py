@@ -1,10 +1,11 @@
-"""The command line every stage shares: check against cuBLAS, then time against it.
+"""The command line every version shares: check against cuBLAS, then time against it in both regimes.
 
     python matmul_vN.py [--sizes 4096 8192 1000x1016x1024] [--check-only] [--compile-only]
                         [--arch hopper|blackwell] [--all-schedules] [--save] [--repeat N] [--timeout S]
 
 Without a Hopper or Blackwell GPU it says so in one line and builds every schedule for
-sm_90a and sm_100a instead. ``--save`` merges the rows into results/<gpu>.csv.
+sm_90a and sm_100a instead. ``--save`` merges the rows into results/<gpu>.csv. The timing
+(``benchmark``, also plot.py's) is of both regimes of ``bench``: burst and back-to-back.
 """
 
 import argparse
@@ -17,14 +18,18 @@ from pathlib import Path
 import tilus
 import torch
 
+from support import bench
+from support.bench import Contender
 from support.build import build_schedules
 from support.cache import REPO, use_cache
 from support.dispatch import chosen_schedule, format_schedule, jit_instance, kernel_args, space_size
 from support.gpu import ARCHS, UnsupportedGPUError, gpu_arch, gpu_label, gpu_slug
-from support.measure import REL_ERR_TOL, passes, random_inputs, relative_error, sync_or_exit, tflops, time_against_cublas
+from support.measure import REL_ERR_TOL, passes, random_inputs, relative_error, sync_or_exit
 
 RESULTS_DIR = REPO / "results"
-CSV_FIELDS = ["gpu", "version", "m", "n", "k", "ms", "tflops", "pct_of_cublas", "rel_err", "config", "tilus", "torch", "date"]
+CSV_FIELDS = ["gpu", "version", "dtype", "regime", "m", "n", "k", "ms", "tflops", "pct_of_cublas", "host_us", "sm_mhz",
+              "power_w", "tflops_per_ghz", "pct_of_clock_peak", "pct_of_bandwidth", "rel_err", "config", "tilus", "torch",
+              "date"]
 DEFAULT_SIZES = ["4096", "8192"]
 
 
@@ -114,32 +119,86 @@ def _check_every_schedule(kernels: dict, arch_name: str, sizes, timeout_s: float
     return 1 if failures or built < total else 0
 
 
-def csv_records(version: str, size: tuple, ms: float, cublas_ms: float, err: float, cublas_err: float,
-                config: str) -> list[dict]:
-    """The two CSV rows of one timing: the version's and cuBLAS' from the same run."""
-    m, n, k = size
-    common = {"gpu": torch.cuda.get_device_name(), "m": m, "n": n, "k": k, "tilus": tilus.__version__,
-              "torch": torch.__version__, "date": datetime.date.today().isoformat()}
-    return [
-        common | {"version": version, "ms": f"{ms:.4f}", "tflops": f"{tflops(m, n, k, ms):.1f}",
-                  "pct_of_cublas": f"{100 * cublas_ms / ms:.1f}", "rel_err": f"{err:.2e}", "config": config},
-        common | {"version": "cublas", "ms": f"{cublas_ms:.4f}", "tflops": f"{tflops(m, n, k, cublas_ms):.1f}",
-                  "pct_of_cublas": "100.0", "rel_err": f"{cublas_err:.2e}", "config": "torch.matmul"},
-    ]
+CUBLAS = Contender("cublas", lambda a, b, out: torch.matmul(a, b.T, out=out), "torch.matmul")
+METHOD = (f"burst: median of timed runs, each alone (CUDA events, L2 flushed, launches queued ahead); "
+          f"back-to-back: median of {bench.ROUNDS} windows of ~{bench.WINDOW_S:g} s of calls through each entry point, "
+          "no sync, operand sets rotated past L2, after a warm-up under load; contenders alternate in one process; "
+          "host us: CPU time per call queued with no sync behind a GPU spin; clock and power: NVML over the timed windows")
+
+
+def benchmark(versions: dict, sizes, repeat: int, timeout_s: float, peers=(), on_size=None) -> list[dict]:
+    """Check and time the versions (name -> (kernels, matmul)), any peers and cuBLAS at each size, in both regimes.
+
+    Each version's first call at a size builds and tunes it (and checks it, into a NaN-poisoned
+    output); then every contender is timed in both regimes in one process (``bench``). ``peers``
+    are functions (m, n, k) -> Contender. Returns the CSV rows; ``on_size(rows)`` gets each
+    size's rows as they are measured.
+    """
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False  # cuBLAS accumulates in fp32 too
+    arch = gpu_arch()
+    copy_bytes_per_s = bench.copy_bandwidth()
+    handle = bench.nvml_handle()
+    print(f"device-to-device copy: {copy_bytes_per_s / 1e12:.2f} TB/s (bytes read + written)", flush=True)
+    rows = []
+    for seed, (m, n, k) in enumerate(sizes):
+        for name, (kernels, _) in versions.items():
+            print(f"{name} at {m}x{n}x{k}: the first call at a size bucket builds and tunes "
+                  f"{space_size(kernels[arch])} schedules (cached afterwards)...", flush=True)
+        contenders = [Contender(name, matmul) for name, (_, matmul) in versions.items()]
+        contenders += [peer(m, n, k) for peer in peers] + [CUBLAS]
+        records = bench.measure_size(contenders, m, n, k, seed, repeat, copy_bytes_per_s, handle, timeout_s)
+        common = {"gpu": torch.cuda.get_device_name(), "dtype": "fp16", "m": m, "n": n, "k": k,
+                  "tilus": tilus.__version__, "torch": torch.__version__, "date": datetime.date.today().isoformat()}
+        size_rows = []
+        for record in records:
+            if record["version"] in versions:
+                record["config"] = format_schedule(chosen_schedule(versions[record["version"]][0][arch], m, n, k))
+            size_rows.append(common | {key: _text(value) for key, value in record.items()})
+        rows += size_rows
+        if on_size:
+            on_size(size_rows)
+    return rows
+
+
+def _text(value) -> str:
+    """A CSV cell: floats to 5 significant digits (ms of decode shapes are ~0.01), NaN as empty."""
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.5g}"
+    return str(value)
+
+
+def print_rows(rows: list[dict]) -> None:
+    table = [["x".join(str(r[d]) for d in "mnk"), r.get("regime", "-"), r["version"], r.get("ms", "-"), r.get("tflops", "-"),
+              r.get("pct_of_cublas", "-"), r.get("host_us", "-"), r.get("sm_mhz", "-"), r.get("power_w", "-"),
+              r.get("tflops_per_ghz", "-"), r.get("pct_of_bandwidth", "-"), r["rel_err"],
+              "ok" if passes(float(r["rel_err"] or "nan")) else "WRONG", r["config"]] for r in rows]
+    print(_table(["size", "regime", "version", "ms", "TFLOPS", "% of cuBLAS", "host us", "SM MHz", "W", "TFLOPS/GHz",
+                  "% of copy BW", "rel. error", "result", "schedule"], table))
+    print(METHOD)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a results CSV; rows from before a column existed read as fp16, burst."""
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    return [{field: "" for field in CSV_FIELDS} | {"dtype": "fp16", "regime": "burst"}
+            | {key: value for key, value in row.items() if value not in (None, "")} for row in rows]
+
+
+def _key(row: dict) -> tuple:
+    return row["version"], row["dtype"], row["regime"], int(row["m"]), int(row["n"]), int(row["k"])
 
 
 def save_rows(rows: list[dict], slug: str) -> Path:
-    """Merge rows into results/<slug>.csv, replacing earlier rows of the same version and size."""
+    """Merge rows into results/<slug>.csv, replacing earlier rows of the same version, dtype, regime and size."""
     path = RESULTS_DIR / f"{slug}.csv"
-    keep = []
-    if path.exists():
-        with path.open() as f:
-            new_keys = {(r["version"], str(r["m"]), str(r["n"]), str(r["k"])) for r in rows}
-            keep = [r for r in csv.DictReader(f) if (r["version"], r["m"], r["n"], r["k"]) not in new_keys]
-    merged = sorted(keep + rows, key=lambda r: (str(r["version"]), int(r["m"]), int(r["n"]), int(r["k"])))
+    new = [{field: "" for field in CSV_FIELDS} | row for row in rows]
+    new_keys = {_key(row) for row in new}
+    keep = [row for row in read_rows(path) if _key(row) not in new_keys] if path.exists() else []
+    merged = sorted(keep + new, key=_key)
     path.parent.mkdir(exist_ok=True)
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(merged)
     return path
@@ -148,9 +207,19 @@ def save_rows(rows: list[dict], slug: str) -> Path:
 def _run(version: str, kernels: dict, matmul, arch_name: str, args) -> int:
     script_cls = kernels[arch_name]
     gpu = torch.cuda.get_device_name()
-    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False  # cuBLAS accumulates in fp32 too
     print(f"{version} on {gpu} ({ARCHS[arch_name].sm}, {script_cls.__name__}); "
           f"reference: fp32 torch matmul, tolerance {REL_ERR_TOL:g} relative Frobenius error")
+    if args.check_only:
+        return _check_only(version, script_cls, matmul, args)
+    save = (lambda rows: save_rows(rows, gpu_slug(gpu))) if args.save else None
+    rows = benchmark({version: (kernels, matmul)}, args.sizes, args.repeat, args.timeout, on_size=save)
+    print_rows(rows)
+    if args.save:
+        print(f"wrote {(RESULTS_DIR / f'{gpu_slug(gpu)}.csv').relative_to(REPO)}")
+    return 1 if any(not passes(float(r["rel_err"] or "nan")) for r in rows) else 0
+
+
+def _check_only(version: str, script_cls, matmul, args) -> int:
     results = []
     for seed, (m, n, k) in enumerate(args.sizes):
         a, b, ref = random_inputs(m, n, k, seed)
@@ -159,38 +228,11 @@ def _run(version: str, kernels: dict, matmul, arch_name: str, args) -> int:
               f"{space_size(script_cls)} schedules (cached afterwards)...", flush=True)
         matmul(a, b, out)
         sync_or_exit(f"{script_cls.__name__} at {m}x{n}x{k}", args.timeout)
-        result = {"size": (m, n, k), "err": relative_error(out, ref),
-                  "schedule": format_schedule(chosen_schedule(script_cls, m, n, k))}
-        results.append(result)
-        if args.check_only or not passes(result["err"]):
-            continue
-        script, expected, call = script_cls(), torch.empty_like(out), kernel_args(script_cls, m, n, k, a, b, out)
-        result["ms"], result["cublas_ms"] = time_against_cublas(
-            lambda: script(*call), lambda: torch.matmul(a, b.T, out=expected), args.repeat
-        )
-        result["cublas_err"] = relative_error(expected, ref)
-
-    failures = sum(not passes(r["err"]) for r in results)
-    if args.check_only or failures:
-        rows = [["x".join(map(str, r["size"])), f"{r['err']:.2e}", "ok" if passes(r["err"]) else "WRONG", r["schedule"]]
-                for r in results]
-        print(_table(["size", "rel. error", "result", "schedule"], rows))
-        return 1 if failures else 0
-
-    rows, records = [], []
-    for r in results:
-        (m, n, k), ms, cublas_ms = r["size"], r["ms"], r["cublas_ms"]
-        ours, theirs, pct = tflops(m, n, k, ms), tflops(m, n, k, cublas_ms), 100 * cublas_ms / ms
-        rows.append([f"{m}x{n}x{k}", f"{ms:.3f}", f"{ours:.1f}", f"{cublas_ms:.3f}", f"{theirs:.1f}", f"{pct:.1f}",
-                     f"{r['err']:.2e}", r["schedule"]])
-        records += csv_records(version, r["size"], ms, cublas_ms, r["err"], r["cublas_err"], r["schedule"])
-    print(f"median of {args.repeat} runs each, CUDA events, L2 flushed before every run, "
-          "cuBLAS timed in the same process on the same inputs, interleaved")
-    print(_table(["size", f"{version} ms", f"{version} TFLOPS", "cuBLAS ms", "cuBLAS TFLOPS", "% of cuBLAS",
-                  "rel. error", "schedule"], rows))
-    if args.save:
-        print(f"wrote {save_rows(records, gpu_slug(gpu)).relative_to(REPO)}")
-    return 0
+        err = relative_error(out, ref)
+        results.append([f"{m}x{n}x{k}", f"{err:.2e}", "ok" if passes(err) else "WRONG",
+                        format_schedule(chosen_schedule(script_cls, m, n, k))])
+    print(_table(["size", "rel. error", "result", "schedule"], results))
+    return 1 if any(row[2] != "ok" for row in results) else 0
 
 
 def main(version: str, kernels: dict, matmul, argv=None) -> int:

@@ -1,10 +1,12 @@
-"""Correctness and timing: random inputs, the error against an fp32 reference, the timer.
+"""Correctness and the burst timer: random inputs, the error against an fp32 reference, kernels timed alone.
 
-Timing: the median of many runs after warm-up, with CUDA events around each run, a 256
-MiB buffer zeroed before each so L2 starts cold, the host queued ahead behind a short
-GPU spin, and cuBLAS timed in the same process, interleaved in rounds.
+The burst timer (``time_burst``, also the autotuner's): the median of many runs after
+warm-up, with CUDA events around each run, a 256 MiB buffer zeroed before each so L2
+starts cold, the host queued ahead behind a short GPU spin, and every contender timed in
+the same process, interleaved in rounds. ``bench`` adds the back-to-back regime.
 """
 
+import contextlib
 import math
 import os
 import sys
@@ -71,18 +73,24 @@ def time_samples(fn, repeat: int, flush: torch.Tensor) -> list[float]:
     return [start.elapsed_time(end) for start, end in zip(starts, ends)]
 
 
-def time_against_cublas(kernel_fn, cublas_fn, repeat: int, warmup: int = 10) -> tuple[float, float]:
-    """Median ms of kernel_fn and cublas_fn, measured interleaved in rounds so clock drift hits both."""
+def time_burst(calls: dict, repeat: int, warmup: int = 10, around=None) -> dict[str, float]:
+    """Median ms of each call run alone (L2 flushed, queued ahead), interleaved in rounds so clock drift hits all.
+
+    ``around(name)``, if given, is a context manager wrapped around each of a call's timed runs (telemetry).
+    """
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > L2, zeroed before every run
     for _ in range(warmup):
-        kernel_fn()
-        cublas_fn()
-    ours, theirs = [], []
+        for fn in calls.values():
+            fn()
+    samples = {name: [] for name in calls}
     rounds = 5
     for _ in range(rounds):
-        theirs += time_samples(cublas_fn, math.ceil(repeat / rounds), flush)
-        ours += time_samples(kernel_fn, math.ceil(repeat / rounds), flush)
-    return float(torch.tensor(ours).median()), float(torch.tensor(theirs).median())
+        for name, fn in calls.items():
+            with around(name) if around else contextlib.nullcontext():
+                samples[name] += time_samples(fn, math.ceil(repeat / rounds), flush)
+    return {name: float(torch.tensor(times).median()) for name, times in samples.items()}
+
+
 def tflops(m: int, n: int, k: int, ms: float) -> float:
     return 2 * m * n * k / (ms * 1e-3) / 1e12
 

@@ -15,7 +15,8 @@ def command(name: str) -> str:
 
 def test_main_command_installs_and_runs_the_first_stage():
     main = command("main")
-    assert main.startswith("pip install -e .") and "python matmul_v1.py" in main
+    assert main.startswith('pip install -e ".[gpu]"') and "python matmul_v1.py" in main
+    assert "gpu = [" in (cache.REPO / "pyproject.toml").read_text()
     assert (cache.REPO / "matmul_v1.py").exists()
 
 

@@ -1,0 +1,241 @@
+"""The two regimes every contender is timed in, and what the GPU did meanwhile.
+
+- **burst**: each launch timed alone with CUDA events, L2 flushed before it, launches
+  queued ahead behind a GPU spin (``measure.time_burst``): the kernel on its own.
+- **back-to-back**: a program's loop. Many calls through the contender's Python entry
+  (``matmul(a, b)``, ``torch.matmul(a, b.T)``, the peer's compiled function) queued with
+  no sync between them, rotating through operand sets that together exceed L2, timed end
+  to end with events: host cost shows wherever the GPU needs less time than the host.
+  Contenders alternate window by window, after a warm-up that brings the GPU to the
+  clocks it holds under sustained load, so drift hits all alike.
+
+With each measurement: host µs per call (``host_us``: the Python entry queued 100 times
+with no sync behind a GPU spin, after warm-up), the SM clock and board power from NVML over the timed
+windows, the efficiency per clock against the dense tensor-core peak (SMs x 4096 FLOP
+per clock on Hopper: 540.7 TFLOPS/GHz on an H100 SXM) and, for memory-bound shapes, the
+bytes of A, B and C over the time against a device-to-device copy measured in the same run.
+"""
+
+import dataclasses
+import math
+import statistics
+import threading
+import time
+from contextlib import contextmanager
+
+import torch
+
+from support import measure
+
+FLOP_PER_CLOCK_PER_SM = 4096  # dense fp16/bf16 tensor-core rate per SM (Hopper wgmma, 2 FLOP per multiply-add)
+L2_ROTATION_BYTES = 2 * 50 * 2**20  # operand sets rotated so they do not sit in L2: twice an H100's 50 MB
+WINDOW_S = 0.25  # one back-to-back window; contenders alternate window by window
+ROUNDS = 5  # windows per contender per size (median)
+WARM_UP_S = 1.0  # sustained load before a size's windows, so the clocks have settled
+HOST_CALLS = 100  # calls queued per host-cost sample: few enough that the launch queue never fills
+
+
+@dataclasses.dataclass
+class Contender:
+    """One entry point to time: ``call(a, b, out)`` returns C (``out=None`` allocates it, as a program would)."""
+
+    name: str  # v1..v6, cublas, or the peer's name
+    call: object
+    config: str = ""
+
+
+class Telemetry:
+    """Mean SM clock and board power of one contender over its timed windows, from NVML.
+
+    A thread samples both every few milliseconds and sleeps in between (NVML calls release
+    the GIL). Power is NVML's instantaneous reading: on the H100 the energy counter and the
+    averaged power reading move only every ~100 ms, too coarse for windows of a few hundred.
+    """
+
+    INTERVAL_S = 0.005
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.clocks: list[float] = []
+        self.powers: list[float] = []
+
+    @contextmanager
+    def window(self):
+        if self.handle is None:
+            yield
+            return
+        import pynvml
+
+        stop = threading.Event()
+
+        def sample():
+            while True:
+                self.clocks.append(pynvml.nvmlDeviceGetClockInfo(self.handle, pynvml.NVML_CLOCK_SM))
+                (power,) = pynvml.nvmlDeviceGetFieldValues(self.handle, [pynvml.NVML_FI_DEV_POWER_INSTANT])
+                if power.nvmlReturn == pynvml.NVML_SUCCESS:
+                    self.powers.append(power.value.uiVal / 1000)
+                if stop.wait(self.INTERVAL_S):
+                    return
+
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    @property
+    def sm_mhz(self) -> float:
+        return statistics.fmean(self.clocks) if self.clocks else math.nan
+
+    @property
+    def power_w(self) -> float:
+        return statistics.fmean(self.powers) if self.powers else math.nan
+
+
+def nvml_handle(device: int | None = None):
+    """The NVML handle of a torch device (matched by UUID), or None where NVML cannot be read."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device).uuid)
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except Exception as reason:  # noqa: BLE001  (no NVML: the rows say nothing of clock and power)
+        print(f"NVML not readable ({type(reason).__name__}: {reason}); clock and power are left empty", flush=True)
+        return None
+
+
+def copy_bandwidth(gib: float = 1.0, repeat: int = 20) -> float:
+    """Bytes read plus written per second by a device-to-device copy of ``gib`` GiB (median of ``repeat``)."""
+    n = int(gib * 2**30) // 2
+    src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
+    src.fill_(1)
+    for _ in range(3):
+        dst.copy_(src)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+    for start, end in zip(starts, ends):
+        start.record()
+        dst.copy_(src)
+        end.record()
+    torch.cuda.synchronize()
+    ms = statistics.median(start.elapsed_time(end) for start, end in zip(starts, ends))
+    return 2 * n / (ms * 1e-3)
+
+
+def operand_sets(m: int, n: int, k: int, seed: int, dtype=torch.float16) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Distinct random (A, B) pairs, enough that one pass through them does not fit in L2."""
+    set_bytes = (m * k + n * k + m * n) * torch.finfo(dtype).bits // 8
+    count = max(2, math.ceil(L2_ROTATION_BYTES / set_bytes))
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return [
+        (torch.randn((m, k), generator=gen, device="cuda").to(dtype), torch.randn((n, k), generator=gen, device="cuda").to(dtype))
+        for _ in range(count)
+    ]
+
+
+def host_us(contenders: list[Contender], sets, gpu_ms: dict, rounds: int = 9) -> dict[str, float]:
+    """CPU µs per call of each contender's entry point, ``call(a, b, None)``, queued with no sync.
+
+    Each sample queues up to HOST_CALLS calls (fewer where the GPU would need more than
+    0.1 s to run them, ``gpu_ms`` per call) behind a GPU spin, so the host measures only its
+    own work, never a wait for the GPU; contenders alternate, median over ``rounds`` samples.
+    """
+    samples = {c.name: [] for c in contenders}
+    for _ in range(rounds):
+        for c in contenders:
+            calls = max(10, min(HOST_CALLS, int(100 / gpu_ms[c.name])))
+            torch.cuda.synchronize()
+            torch.cuda._sleep(40_000_000)  # 20-30 ms of GPU spin: longer than the calls take to queue
+            start = time.perf_counter()
+            for i in range(calls):
+                a, b = sets[i % len(sets)]
+                c.call(a, b, None)
+            samples[c.name].append((time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def back_to_back_ms(call, sets, calls: int) -> float:
+    """GPU ms per call over ``calls`` calls queued back to back with no sync, rotating through ``sets``."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for i in range(calls):
+        a, b = sets[i % len(sets)]
+        call(a, b, None)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def time_back_to_back(contenders: list[Contender], sets, telemetry: dict) -> dict[str, float]:
+    """Median ms per call of each contender, back to back, windows alternating after a warm-up under load."""
+    per_call = {c.name: back_to_back_ms(c.call, sets, 10) for c in contenders}  # also the first-window calibration
+    deadline = time.perf_counter() + WARM_UP_S
+    while time.perf_counter() < deadline:
+        for c in contenders:
+            back_to_back_ms(c.call, sets, max(1, int(WARM_UP_S / 10 / len(contenders) / (per_call[c.name] * 1e-3))))
+    samples = {c.name: [] for c in contenders}
+    for round_ in range(ROUNDS):
+        for c in contenders[round_ % len(contenders):] + contenders[:round_ % len(contenders)]:
+            calls = min(20000, max(10, int(WINDOW_S / (per_call[c.name] * 1e-3))))
+            with telemetry[c.name].window():
+                samples[c.name].append(back_to_back_ms(c.call, sets, calls))
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def time_burst(contenders: list[Contender], a, b, outs: dict, repeat: int, telemetry: dict) -> dict[str, float]:
+    """Median ms of each contender's launch alone (``measure.time_burst``), with its clock and power."""
+    calls = {c.name: (lambda c=c: c.call(a, b, outs[c.name])) for c in contenders}
+    return measure.time_burst(calls, repeat, around=lambda name: telemetry[name].window())
+
+
+def check(contender: Contender, a, b, ref, timeout_s: float) -> float:
+    """Relative error of one call into an output poisoned with NaN."""
+    out = torch.full(ref.shape, math.nan, dtype=a.dtype, device="cuda")
+    result = contender.call(a, b, out)
+    measure.sync_or_exit(f"{contender.name} at {a.shape[0]}x{b.shape[0]}x{a.shape[1]}", timeout_s)
+    return measure.relative_error(result, ref)
+
+
+def measure_size(contenders: list[Contender], m: int, n: int, k: int, seed: int, repeat: int,
+                 copy_bytes_per_s: float, handle, timeout_s: float = 60.0) -> list[dict]:
+    """Check every contender at one size, then time all of them in both regimes; one record per (contender, regime).
+
+    A contender whose result is wrong is recorded with its error and not timed.
+    """
+    sets = operand_sets(m, n, k, seed)
+    a, b = sets[0]
+    ref = a.float() @ b.float().T
+    errors = {c.name: check(c, a, b, ref, timeout_s) for c in contenders}
+    del ref
+    timed = [c for c in contenders if measure.passes(errors[c.name])]
+    records = [{"version": c.name, "rel_err": errors[c.name], "config": c.config} for c in contenders
+               if c not in timed]
+    if not timed:
+        return records
+    outs = {c.name: torch.empty((m, n), dtype=a.dtype, device="cuda") for c in timed}
+    burst_telemetry = {c.name: Telemetry(handle) for c in timed}
+    burst = time_burst(timed, a, b, outs, repeat, burst_telemetry)
+    hosts = host_us(timed, sets, burst)
+    loop_telemetry = {c.name: Telemetry(handle) for c in timed}
+    loop = time_back_to_back(timed, sets, loop_telemetry)
+    data_bytes = (m * k + n * k + m * n) * a.element_size()
+    num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    for regime, times, telemetry in (("burst", burst, burst_telemetry), ("back-to-back", loop, loop_telemetry)):
+        for c in timed:
+            ms, sm_mhz = times[c.name], telemetry[c.name].sm_mhz
+            tflops = measure.tflops(m, n, k, ms)
+            per_ghz = tflops / (sm_mhz / 1000)
+            records.append({
+                "version": c.name, "regime": regime, "ms": ms, "tflops": tflops,
+                "pct_of_cublas": 100 * times["cublas"] / ms if "cublas" in times else math.nan,
+                "host_us": hosts[c.name], "sm_mhz": sm_mhz, "power_w": telemetry[c.name].power_w,
+                "tflops_per_ghz": per_ghz, "pct_of_clock_peak": 100 * per_ghz / (num_sms * FLOP_PER_CLOCK_PER_SM / 1000),
+                "pct_of_bandwidth": 100 * data_bytes / (ms * 1e-3) / copy_bytes_per_s,
+                "rel_err": errors[c.name], "config": c.config,
+            })
+    return records

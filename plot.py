@@ -1,21 +1,26 @@
-"""Benchmark every stage against cuBLAS (and a Triton peer), or re-plot measured results.
+"""Benchmark every version against cuBLAS (and a Triton peer) in both regimes, or re-plot measured results.
 
     python plot.py                            on a Hopper/Blackwell GPU: time v1..vN and cuBLAS on
-                                              one or two shapes of each class and on square sizes
-                                              from 512 to 16384 (each stage's CLI with --save)
+                                              one or two shapes of each class, the decode class
+                                              and square sizes from 512 to 16384, burst and
+                                              back-to-back, all contenders in one process
     python plot.py --peer                     also time the Triton GEMM torch reaches (below)
+    python plot.py --csv-only                 benchmark and write results/<gpu>.csv, draw nothing
     python plot.py --from results/h100.csv    no GPU needed: figures and tables from that CSV
     python plot.py --ablation                 on a Hopper GPU: time v5 with each technique off
                                               (docs/ablation.py; the table in docs/v5.md)
 
+At each size every contender is checked, then timed in both regimes of ``support/bench.py``
+(burst: the kernel alone; back-to-back: a program's loop through its entry point), the
+contenders alternating so that clock drift hits all alike (``support.cli.benchmark``).
 The peer is what a user would pick instead of hand-written kernels: ``torch.compile`` of
 ``a @ b.T`` with ``mode="max-autotune-no-cudagraphs"``, Inductor restricted to its Triton
-GEMM templates with the persistent TMA template enabled, timed like every stage (same
-timer, cuBLAS in the same run, rows with version ``triton``).
+GEMM templates with the persistent TMA template enabled (rows with version ``triton``).
 
-Writes docs/figures/perf_<gpu>.* (bars, one group per shape of each class), sizes_<gpu>.*
-(TFLOPS across square sizes) and classes_<gpu>.* (a panel per shape class), each with the
-GPU's dense fp16 peak where known, and rewrites every results table in README.md and
+Writes docs/figures/perf_<gpu>.* (bars, one group per shape of each class, a panel per
+regime), sizes_<gpu>.* (TFLOPS across square sizes) and classes_<gpu>.* (a panel per shape
+class, back-to-back; decode in TB/s against the copy bandwidth measured in the same run),
+with the GPU's dense fp16 peak where known, and rewrites every results table in README.md and
 docs/*.md that sits between ``<!-- results <gpu> <versions> -->`` and ``<!-- /results -->``,
 so no measured number is typed by hand. It also redraws the figures that come from
 models (docs/timeline.py, docs/raster.py) and rewrites each stage's build evidence table
@@ -23,10 +28,10 @@ from the builds (docs/evidence.py; no GPU needed, slow only the first time).
 """
 
 import argparse
-import csv
 import importlib
 import importlib.util
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -36,11 +41,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from support import cache, cli, gpu, measure  # noqa: E402
+from support.bench import Contender  # noqa: E402
 
 REPO = cache.REPO
 FIGURES = REPO / "docs" / "figures"
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-BLOCK = re.compile(r"(<!-- results (\S+) (\S+) -->\n)(.*?)(<!-- /results -->)", re.S)
+BLOCK = re.compile(r"(<!-- (results|launch) (\S+) (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
 # one or two shapes of each class a version is judged on (M x N x K; C = A @ B.T)
@@ -49,6 +55,8 @@ CLASS_SIZES = [
     "4096x14336x4096", "4096x4096x14336",  # LLM-like: an MLP's up and down projection, 4096 tokens
     "128x8192x8192", "256x14336x4096",  # skinny: M <= 256
     "16384x1024x4096", "2048x2048x8192",  # few tiles: under 4 waves of 128 x 256 tiles on 132 SMs
+    # decode: 1, 16 or 64 tokens through an LLM layer's weights (N x K): memory-bound
+    *(f"{m}x{nk}" for m in (1, 16, 64) for nk in ("4096x4096", "14336x4096", "4096x14336")),
 ]
 SQUARE_SIZES = ["512", "1024", "2048", "4096", "8192", "16384"]
 BENCHMARK_SIZES = CLASS_SIZES + [size for size in SQUARE_SIZES if size not in CLASS_SIZES]
@@ -58,14 +66,18 @@ PEAK_TFLOPS = {"h100": 989.4, "h200": 989.4, "h100-pcie": 756.5}
 PEER = "triton"
 PEER_CONFIG = "torch.compile max-autotune-no-cudagraphs; Inductor Triton templates, persistent TMA"
 STYLE = {"cublas": {"color": "0.35", "label": "cuBLAS"}, PEER: {"color": "0.65", "label": "Triton (torch.compile)"}}
+REGIMES = {"back-to-back": "a program's loop through each entry point, host cost included",
+           "burst": "the kernel alone: L2 flushed, launches queued ahead"}
 
 
-def stages() -> list[str]:
+def versions_on_disk() -> list[str]:
     return sorted(path.stem for path in REPO.glob("matmul_v*.py"))
 
 
 def shape_class(m: int, n: int, k: int) -> str:
-    """The class a shape is judged in: square, LLM-like, skinny (M <= 256) or few tiles."""
+    """The class a shape is judged in: square, LLM-like, skinny (M <= 256), few tiles or decode (M <= 64)."""
+    if m <= 64:
+        return "decode"
     if m <= 256:
         return "skinny"
     if m == n == k:
@@ -77,16 +89,14 @@ def shape_class(m: int, n: int, k: int) -> str:
     return "other"
 
 
-def read_rows(path: Path) -> list[dict]:
-    with path.open() as f:
-        return list(csv.DictReader(f))
+read_rows = cli.read_rows
 
 
 def _size(row: dict) -> str:
     return f"{row['m']}x{row['n']}x{row['k']}"
 
 
-CLASS_ORDER = ["square", "LLM-like", "skinny", "few tiles", "other"]
+CLASS_ORDER = ["square", "LLM-like", "skinny", "few tiles", "decode", "other"]
 
 
 def _dims(size: str) -> tuple[int, int, int]:
@@ -106,53 +116,141 @@ def _label(version: str) -> str:
 
 
 def _versions(rows: list[dict]) -> list[str]:
-    """Stages in order, then the peer, then cuBLAS."""
+    """Versions in order, then the peer, then cuBLAS."""
     found = {r["version"] for r in rows}
     return sorted(found - {"cublas", PEER}) + [v for v in (PEER, "cublas") if v in found]
 
 
-def results_table(rows: list[dict], versions: list[str]) -> str:
-    """Markdown table of the versions' results, cuBLAS last; one version also shows its schedule."""
+def _timed(rows: list[dict], regime: str, dtype: str = "fp16") -> list[dict]:
+    return [r for r in rows if r["regime"] == regime and r["dtype"] == dtype and r["ms"]]
+
+
+def _tb_per_s(row: dict) -> float:
+    """Bytes of A, B and C over the time (TB/s): a decode shape's measure."""
+    m, n, k = _dims(_size(row))
+    return (m * k + n * k + m * n) * 2 / (float(row["ms"]) * 1e-3) / 1e12
+
+
+def _copy_tb_per_s(rows: list[dict]) -> float | None:
+    """The device-to-device copy bandwidth the run measured, recovered from any row's share of it."""
+    for row in rows:
+        if row.get("pct_of_bandwidth"):
+            return _tb_per_s(row) / (float(row["pct_of_bandwidth"]) / 100)
+    return None
+
+
+def _cell(row: dict | None, version: str) -> str:
+    if row is None:
+        return "-"
+    decode = shape_class(*_dims(_size(row))) == "decode"
+    value = f"{_tb_per_s(row):.2f} TB/s" if decode else f"{float(row['tflops']):.1f}"
+    if version != "cublas":
+        return f"{value} ({float(row['pct_of_cublas']):.1f}%)"
+    clock = f", {float(row['sm_mhz']):.0f} MHz" if row["sm_mhz"] else ""
+    share = f", {float(row['pct_of_bandwidth']):.0f}% of copy" if decode and row["pct_of_bandwidth"] else ""
+    return value + ("" if decode else " TFLOPS") + share + clock
+
+
+def _comparison_table(rows: list[dict], versions: list[str], regime: str) -> list[str]:
     sizes = _class_sizes(rows)
-    by_key = {(r["version"], _size(r)): r for r in rows}
+    by_key = {(r["version"], _size(r)): r for r in _timed(rows, regime)}
+    names = [_label(v) for v in [*versions, "cublas"]]
+    lines = [f"**{regime}**: {REGIMES[regime]}", "", "| class | size | " + " | ".join(names) + " |",
+             "|---|---|" + "---|" * len(names)]
+    for size in sizes:
+        cells = [_cell(by_key.get((version, size)), version) for version in [*versions, "cublas"]]
+        lines.append(f"| {shape_class(*_dims(size))} | {size} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _host_line(rows: list[dict], versions: list[str]) -> list[str]:
+    """Host µs per call of each entry point: the median over the measured sizes, and the range."""
+    cells = []
+    for version in [*versions, "cublas"]:
+        values = sorted(float(r["host_us"]) for r in _timed(rows, "back-to-back") if r["version"] == version
+                        and r["host_us"])
+        if values:
+            cells.append(f"{statistics.median(values):.1f} ({values[0]:.1f}-{values[-1]:.1f})")
+        else:
+            cells.append("-")
+    names = [_label(v) if v != "cublas" else "cuBLAS (torch.matmul)" for v in [*versions, "cublas"]]
+    return ["**host µs per call** (CPU time of the Python entry point, no sync; median over the sizes, and range)", "",
+            "| " + " | ".join(names) + " |", "|" + "---|" * len(names), "| " + " | ".join(cells) + " |", ""]
+
+
+def _single_version_table(rows: list[dict], version: str) -> list[str]:
+    """One version in both regimes, with the clock, power and per-clock efficiency of each measurement."""
+    lines = ["| class | size | regime | TFLOPS | % of cuBLAS | host µs | SM MHz | W | TFLOPS/GHz (% of peak) | "
+             "TB/s (% of copy) | rel. error | schedule chosen |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    by_key = {(r["regime"], _size(r)): r for r in rows if r["version"] == version and r["dtype"] == "fp16" and r["ms"]}
+    for size in _class_sizes(rows):
+        for regime in REGIMES:
+            row = by_key.get((regime, size))
+            if row is None:
+                continue
+            per_clock = (f"{float(row['tflops_per_ghz']):.1f} ({float(row['pct_of_clock_peak']):.1f}%)"
+                         if row["tflops_per_ghz"] else "-")
+            bandwidth = (f"{_tb_per_s(row):.2f} ({float(row['pct_of_bandwidth']):.0f}%)"
+                         if row["pct_of_bandwidth"] and shape_class(*_dims(size)) == "decode" else "-")
+            lines.append(
+                f"| {shape_class(*_dims(size))} | {size} | {regime} | {float(row['tflops']):.1f} | "
+                f"{float(row['pct_of_cublas']):.1f} | {_number(row['host_us'], 1)} | {_number(row['sm_mhz'], 0)} | "
+                f"{_number(row['power_w'], 0)} | {per_clock} | {bandwidth} | {float(row['rel_err']):.1e} | `{row['config']}` |"
+            )
+    return lines
+
+
+def _number(text: str, digits: int) -> str:
+    return f"{float(text):.{digits}f}" if text else "-"
+
+
+def results_table(rows: list[dict], versions: list[str]) -> str:
+    """Markdown tables of the versions' results in both regimes, cuBLAS last; one version gets its own detail."""
     if len(versions) == 1:
-        (version,) = versions
-        lines = [f"| size | {version} TFLOPS | % of cuBLAS | cuBLAS TFLOPS | rel. error | schedule chosen |", "|---|---|---|---|---|---|"]
-        for size in sizes:
-            ours = by_key.get((version, size))
-            if ours:
-                # cuBLAS as timed in this version's own run: its time is ours scaled by the ratio
-                cublas_ms = float(ours["ms"]) * float(ours["pct_of_cublas"]) / 100
-                lines.append(
-                    f"| {size} | {ours['tflops']} | {ours['pct_of_cublas']} | "
-                    f"{measure.tflops(*_dims(size), cublas_ms):.1f} | {ours['rel_err']} | `{ours['config']}` |"
-                )
+        lines = _single_version_table(rows, versions[0])
     else:
-        names = [_label(v) for v in [*versions, "cublas"]]
-        lines = ["| class | size | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-        for size in sizes:
-            cells = []
-            for version in [*versions, "cublas"]:
-                row = by_key.get((version, size))
-                if row is None:
-                    cells.append("-")
-                elif version == "cublas":
-                    cells.append(f"{row['tflops']} TFLOPS")
-                else:
-                    cells.append(f"{row['tflops']} ({row['pct_of_cublas']}%)")
-            lines.append(f"| {shape_class(*_dims(size))} | {size} | " + " | ".join(cells) + " |")
-        lines.append("")
-        lines.append("Each cell: TFLOPS (% of cuBLAS timed in the same run as that column); "
-                     "the cuBLAS column is from the last of those runs.")
+        lines = [*_comparison_table(rows, versions, "back-to-back"), *_comparison_table(rows, versions, "burst"),
+                 *_host_line(rows, versions)]
+        lines.append("Each cell: TFLOPS, or for decode shapes the bytes of A, B and C over the time, with the % of "
+                     "cuBLAS timed in the same run; the cuBLAS column gives its mean SM clock over its timed windows "
+                     "and, for decode, its share of a device-to-device copy measured in the same run.")
     gpus = sorted({r["gpu"] for r in rows})
     dates = sorted({r["date"] for r in rows})
+    copy = _copy_tb_per_s(rows)
     lines.append("")
     lines.append(
-        f"{', '.join(gpus)}; fp16 in, fp32 accumulate; median of timed runs with CUDA events, L2 flushed "
-        f"before each; % of cuBLAS from the same run; measured {dates[0]}"
-        + (f" to {dates[-1]}" if len(dates) > 1 else "")
+        f"{', '.join(gpus)}; fp16 in, fp32 accumulate; {cli.METHOD}"
+        + (f"; copy bandwidth {copy:.2f} TB/s" if copy else "")
+        + f"; measured {dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "")
         + f" with tilus {rows[0]['tilus']}, torch {rows[0]['torch']}."
     )
+    return "\n".join(lines) + "\n"
+
+
+def launch_table(rows: list[dict], version: str) -> str:
+    """Shape by shape: host µs per call against GPU µs per call, for a version's matmul() and torch.matmul.
+
+    In a program's loop a call costs about the larger of the two: the host's time to issue it
+    (``host_us``) or the GPU's time to run it (the burst time). Back-to-back shows which.
+    """
+    by_key = {(r["version"], r["regime"], _size(r)): r for r in rows if r["dtype"] == "fp16" and r["ms"]}
+    lines = [f"| class | size | {version}: host µs | {version}: GPU µs (burst) | {version}: µs per call back to back | "
+             "torch.matmul: host µs | cuBLAS: GPU µs (burst) | cuBLAS: µs per call back to back | "
+             f"{version} % of cuBLAS, back to back |", "|---|---|---|---|---|---|---|---|---|"]
+    for size in _class_sizes(rows):
+        cells = []
+        for name in (version, "cublas"):
+            burst, loop = by_key.get((name, "burst", size)), by_key.get((name, "back-to-back", size))
+            if burst is None or loop is None:
+                break
+            host, gpu_us, loop_us = float(loop["host_us"]), 1000 * float(burst["ms"]), 1000 * float(loop["ms"])
+            bound = "**" if host > gpu_us else ""  # the host sets the pace
+            cells += [f"{bound}{host:.1f}{bound}", f"{gpu_us:.1f}", f"{loop_us:.1f}"]
+        else:
+            pct = float(by_key[(version, "back-to-back", size)]["pct_of_cublas"])
+            lines.append(f"| {shape_class(*_dims(size))} | {size} | " + " | ".join(cells) + f" | {pct:.1f} |")
+    lines += ["", "Bold: the host needs longer to issue a call than the GPU needs to run it, so in a loop the host "
+              "sets the pace. From the same runs as the results tables."]
     return "\n".join(lines) + "\n"
 
 
@@ -163,9 +261,10 @@ def update_documents(csv_dir: Path = cli.RESULTS_DIR, documents: list[Path] = DO
         text = document.read_text()
 
         def render(match):
-            slug, versions = match.group(2), match.group(3).split(",")
-            table = results_table(read_rows(csv_dir / f"{slug}.csv"), versions)
-            return match.group(1) + table + match.group(5)
+            kind, slug, versions = match.group(2), match.group(3), match.group(4).split(",")
+            rows = read_rows(csv_dir / f"{slug}.csv")
+            table = results_table(rows, versions) if kind == "results" else launch_table(rows, versions[0])
+            return match.group(1) + table + match.group(6)
 
         updated = BLOCK.sub(render, text)
         if updated != text:
@@ -184,121 +283,137 @@ def _save(fig, out_dir: Path, name: str) -> list[Path]:
     return paths
 
 
-def _top(rows: list[dict], slug: str) -> float:
-    """The y-axis top: room above the GPU's peak line and the fastest measurement."""
-    return max(PEAK_TFLOPS.get(slug, 0), *(float(r["tflops"]) for r in rows)) * 1.12
+def _value(row: dict) -> float:
+    """What a bar shows: TB/s for decode shapes, TFLOPS otherwise."""
+    return _tb_per_s(row) if shape_class(*_dims(_size(row))) == "decode" else float(row["tflops"])
 
 
-def _peak_line(ax, slug: str) -> None:
-    if slug in PEAK_TFLOPS:
-        ax.axhline(PEAK_TFLOPS[slug], color="black", linestyle="--", linewidth=0.8)
-        ax.text(ax.get_xlim()[0], PEAK_TFLOPS[slug], f" dense fp16 peak (datasheet): {PEAK_TFLOPS[slug]:.0f}",
-                fontsize=6, va="bottom")
+def _top(rows: list[dict], slug: str, decode: bool = False) -> float:
+    """The y-axis top: room above the ceiling line and the fastest measurement."""
+    ceiling = (_copy_tb_per_s(rows) or 0) if decode else PEAK_TFLOPS.get(slug, 0)
+    return max(ceiling, *(_value(r) for r in rows)) * 1.12
+
+
+def _ceiling_line(ax, rows: list[dict], slug: str, decode: bool) -> None:
+    """The dense fp16 peak (datasheet), or for decode the copy bandwidth measured in the same run."""
+    ceiling = _copy_tb_per_s(rows) if decode else PEAK_TFLOPS.get(slug)
+    if ceiling:
+        text = (f" device-to-device copy (same run): {ceiling:.2f} TB/s" if decode
+                else f" dense fp16 peak (datasheet): {ceiling:.0f}")
+        ax.axhline(ceiling, color="black", linestyle="--", linewidth=0.8)
+        ax.text(ax.get_xlim()[0], ceiling, text, fontsize=6, va="bottom")
 
 
 def _bars(ax, rows: list[dict], sizes: list[str], slug: str) -> None:
     versions = _versions(rows)
     by_key = {(r["version"], _size(r)): r for r in rows}
     width = 0.8 / len(versions)
+    decode = all(shape_class(*_dims(size)) == "decode" for size in sizes)
     for i, version in enumerate(versions):
         xs, heights, labels = [], [], []
         for j, size in enumerate(sizes):
             row = by_key.get((version, size))
             if row is not None:
                 xs.append(j + (i - (len(versions) - 1) / 2) * width)
-                heights.append(float(row["tflops"]))
+                heights.append(_value(row))
                 labels.append("" if version == "cublas" else f"{float(row['pct_of_cublas']):.0f}%")
         bars = ax.bar(xs, heights, width, label=_label(version), color=STYLE.get(version, {}).get("color"))
         ax.bar_label(bars, labels=labels, fontsize=5, padding=2)
     ax.set_xticks(range(len(sizes)), sizes, fontsize=6)
-    ax.set_ylabel("TFLOPS", fontsize=7)
+    ax.set_ylabel("TB/s (A, B and C over the time)" if decode else "TFLOPS", fontsize=7)
     ax.tick_params(axis="y", labelsize=6)
-    ax.set_ylim(0, _top(rows, slug))
-    _peak_line(ax, slug)
+    ax.set_ylim(0, _top([r for r in rows if _size(r) in sizes], slug, decode))
+    _ceiling_line(ax, rows, slug, decode)
 
 
 def plot(rows: list[dict], slug: str, out_dir: Path = FIGURES) -> list[Path]:
-    """perf_<slug>: every class shape; sizes_<slug>: square sizes; classes_<slug>: a panel per class."""
+    """perf_<slug>: every class shape; sizes_<slug>: square sizes; classes_<slug>: a panel per class (both regimes)."""
+    rows = [r for r in rows if r["dtype"] == "fp16" and r["ms"]]
     gpu_name = rows[0]["gpu"]
     plt.rcParams["svg.hashsalt"] = "tilus-gemm-tutorial"
+    regimes = [regime for regime in REGIMES if any(r["regime"] == regime for r in rows)]
     paths = []
 
-    sizes = _class_sizes(rows)
-    fig, ax = plt.subplots(figsize=(max(8, 1.4 * len(sizes)), 3.8))
-    _bars(ax, rows, sizes, slug)
-    ax.set_xticks(range(len(sizes)), [f"{size}\n{shape_class(*_dims(size))}" for size in sizes], fontsize=7)
-    ax.set_title(f"fp16 GEMM C = A @ B.T on {gpu_name}: each stage and cuBLAS (labels: % of cuBLAS, same run)",
-                 fontsize=9)
-    ax.legend(fontsize=8, ncol=len(_versions(rows)), loc="lower center", bbox_to_anchor=(0.5, -0.32), frameon=False)
+    sizes = [size for size in _class_sizes(rows) if shape_class(*_dims(size)) != "decode"]
+    fig, axes = plt.subplots(len(regimes), 1, figsize=(max(8, 1.4 * len(sizes)), 3.6 * len(regimes)), squeeze=False)
+    for ax, regime in zip(axes[:, 0], regimes):
+        _bars(ax, _timed(rows, regime), sizes, slug)
+        ax.set_xticks(range(len(sizes)), [f"{size}\n{shape_class(*_dims(size))}" for size in sizes], fontsize=7)
+        ax.set_title(f"{regime}: {REGIMES[regime]} (labels: % of cuBLAS, same run)", fontsize=8)
+    axes[-1][0].legend(fontsize=8, ncol=len(_versions(rows)), loc="upper center", bbox_to_anchor=(0.5, -0.2),
+                       frameon=False)
+    fig.suptitle(f"fp16 GEMM C = A @ B.T on {gpu_name}: each version, the peer and cuBLAS", fontsize=9)
     paths += _save(fig, out_dir, f"perf_{slug}")
 
-    squares = sorted({int(r["m"]) for r in rows if r["m"] == r["n"] == r["k"]})
-    by_key = {(r["version"], int(r["m"])): r for r in rows if r["m"] == r["n"] == r["k"]}
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for version in _versions(rows):
-        points = [(n, float(by_key[version, n]["tflops"])) for n in squares if (version, n) in by_key]
-        style = STYLE.get(version, {})
-        ax.plot([n for n, _ in points], [t for _, t in points], marker="o", markersize=3, label=_label(version),
-                color=style.get("color"), linewidth=2 if version in STYLE else 1.2)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(squares, [str(n) for n in squares], fontsize=7)
-    ax.set_xlabel("M = N = K", fontsize=8)
-    ax.set_ylabel("TFLOPS", fontsize=8)
-    ax.set_ylim(0, _top(rows, slug))
-    _peak_line(ax, slug)
-    ax.set_title(f"Square fp16 GEMMs on {gpu_name}", fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    fig, axes = plt.subplots(1, len(regimes), figsize=(6 * len(regimes), 4), squeeze=False)
+    for ax, regime in zip(axes[0], regimes):
+        timed = [r for r in _timed(rows, regime) if r["m"] == r["n"] == r["k"]]
+        squares = sorted({int(r["m"]) for r in timed})
+        by_key = {(r["version"], int(r["m"])): r for r in timed}
+        for version in _versions(timed):
+            points = [(n, float(by_key[version, n]["tflops"])) for n in squares if (version, n) in by_key]
+            style = STYLE.get(version, {})
+            ax.plot([n for n, _ in points], [t for _, t in points], marker="o", markersize=3, label=_label(version),
+                    color=style.get("color"), linewidth=2 if version in STYLE else 1.2)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(squares, [str(n) for n in squares], fontsize=7)
+        ax.set_xlabel("M = N = K", fontsize=8)
+        ax.set_ylabel("TFLOPS", fontsize=8)
+        ax.set_ylim(0, _top(timed, slug))
+        _ceiling_line(ax, timed, slug, decode=False)
+        ax.set_title(f"{regime}", fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"Square fp16 GEMMs on {gpu_name}", fontsize=9)
     paths += _save(fig, out_dir, f"sizes_{slug}")
 
-    classes = [c for c in CLASS_ORDER if any(shape_class(*_dims(size)) == c for size in sizes)]
-    fig, axes = plt.subplots(1, len(classes), figsize=(3.6 * len(classes), 3.6), squeeze=False)
-    for ax, name in zip(axes[0], classes):
-        _bars(ax, rows, [size for size in sizes if shape_class(*_dims(size)) == name], slug)
+    sizes = _class_sizes(rows)
+    timed = _timed(rows, "back-to-back") or _timed(rows, "burst")
+    classes = [c for c in CLASS_ORDER if c != "decode" and any(shape_class(*_dims(size)) == c for size in sizes)]
+    decode = [size for size in sizes if shape_class(*_dims(size)) == "decode"]
+    fig = plt.figure(figsize=(3.6 * max(len(classes), 3), 3.6 * (1 + bool(decode))))
+    grid = fig.add_gridspec(1 + bool(decode), max(len(classes), 1))
+    for column, name in enumerate(classes):
+        ax = fig.add_subplot(grid[0, column])
+        _bars(ax, timed, [size for size in sizes if shape_class(*_dims(size)) == name], slug)
         ax.set_title(name, fontsize=9)
-    axes[0][0].legend(fontsize=6, loc="lower left")
-    fig.suptitle(f"Each shape class on {gpu_name} (labels: % of cuBLAS, same run)", fontsize=9)
+        if column == 0:
+            ax.legend(fontsize=6, loc="lower left")
+    if decode:
+        ax = fig.add_subplot(grid[1, :])
+        _bars(ax, timed, decode, slug)
+        ax.set_title("decode (memory-bound: bytes of A, B and C over the time, against a copy)", fontsize=9)
+    fig.suptitle(f"Each shape class on {gpu_name}, {timed[0]['regime']} (labels: % of cuBLAS, same run)", fontsize=9)
     paths += _save(fig, out_dir, f"classes_{slug}")
     return paths
 
 
-def benchmark(sizes: list[str]) -> Path:
-    """Time every stage and cuBLAS on this GPU; each stage's rows go to results/<gpu>.csv."""
-    failed = []
-    for stage in stages():
-        module = importlib.import_module(stage)
-        version = stage.removeprefix("matmul_")
-        if cli.main(version, module.KERNELS, module.matmul, ["--save", "--sizes", *sizes]) != 0:
-            failed.append(stage)
-    if failed:
-        raise SystemExit(f"not plotted: {', '.join(failed)} failed their check")
-    return cli.RESULTS_DIR / f"{gpu.gpu_label()}.csv"
-
-
-def benchmark_peer(sizes: list[str], repeat: int = 50) -> Path:
-    """Time the Triton GEMM torch.compile reaches, against cuBLAS in the same run, as the stages are timed."""
+def peer_contender(m: int, n: int, k: int) -> Contender:
+    """The Triton GEMM torch.compile reaches for this shape (compiled and autotuned on its first call)."""
     import torch._dynamo
     import torch._inductor.config as inductor
 
     inductor.max_autotune_gemm_backends = "TRITON"  # a Triton kernel, never cuBLAS behind the name
     inductor.triton.enable_persistent_tma_matmul = True
-    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
-    path = cli.RESULTS_DIR / f"{gpu.gpu_label()}.csv"
-    for seed, (m, n, k) in enumerate(cli.parse_size(size) for size in sizes):
-        print(f"{PEER} peer at {m}x{n}x{k}: torch.compile autotunes its Triton templates...", flush=True)
-        torch._dynamo.reset()  # one compiled graph per shape, no recompile limit
-        compiled = torch.compile(lambda x, y: x @ y.T, mode="max-autotune-no-cudagraphs", dynamic=False)
-        a, b, ref = measure.random_inputs(m, n, k, seed)
-        err = measure.relative_error(compiled(a, b), ref)
-        expected = torch.empty((m, n), dtype=torch.float16, device="cuda")
-        if not measure.passes(err):
-            raise SystemExit(f"the {PEER} peer is wrong at {m}x{n}x{k}: relative error {err:.2e}")
-        ms, cublas_ms = measure.time_against_cublas(lambda: compiled(a, b), lambda: torch.matmul(a, b.T, out=expected),
-                                                    repeat)
-        records = cli.csv_records(PEER, (m, n, k), ms, cublas_ms, err, measure.relative_error(expected, ref),
-                                  PEER_CONFIG)
-        path = cli.save_rows(records, gpu.gpu_label())  # after each shape: a long run keeps what it measured
-        print(f"{PEER} peer at {m}x{n}x{k}: {ms:.4f} ms, {100 * cublas_ms / ms:.1f}% of cuBLAS", flush=True)
-    return path
+    print(f"{PEER} peer at {m}x{n}x{k}: torch.compile autotunes its Triton templates on the first call...", flush=True)
+    torch._dynamo.reset()  # one compiled graph per shape, no recompile limit
+    compiled = torch.compile(lambda x, y: x @ y.T, mode="max-autotune-no-cudagraphs", dynamic=False)
+    return Contender(PEER, lambda a, b, out: compiled(a, b), PEER_CONFIG)
+
+
+def benchmark(sizes: list[str], peer: bool, repeat: int = 50) -> Path:
+    """Time every version, the peer if asked, and cuBLAS at each size in both regimes; rows to results/<gpu>.csv."""
+    versions = {}
+    for name in versions_on_disk():
+        module = importlib.import_module(name)
+        versions[name.removeprefix("matmul_")] = (module.KERNELS, module.matmul)
+    slug = gpu.gpu_label()
+    rows = cli.benchmark(versions, [cli.parse_size(size) for size in sizes], repeat, 60.0,
+                         peers=[peer_contender] if peer else [],
+                         on_size=lambda size_rows: cli.print_rows(size_rows) or cli.save_rows(size_rows, slug))
+    wrong = sorted({f"{r['version']} at {_size(r)}" for r in rows if not measure.passes(float(r["rel_err"] or "nan"))})
+    if wrong:
+        raise SystemExit(f"not plotted: wrong results from {', '.join(wrong)}")
+    return cli.RESULTS_DIR / f"{slug}.csv"
 
 
 def main(argv=None) -> int:
@@ -308,6 +423,8 @@ def main(argv=None) -> int:
                         help="sizes to benchmark (N or MxNxK); default: one or two of each shape class and "
                              "square sizes from 512 to 16384")
     parser.add_argument("--peer", action="store_true", help="also time the Triton GEMM torch.compile reaches")
+    parser.add_argument("--csv-only", action="store_true",
+                        help="benchmark and write results/<gpu>.csv only (re-plot later with --from)")
     parser.add_argument("--ablation", action="store_true",
                         help="only time v5 with each technique switched off, beside v4 and cuBLAS")
     args = parser.parse_args(argv)
@@ -321,11 +438,11 @@ def main(argv=None) -> int:
     if not sources:
         try:
             gpu.gpu_arch()
-            sources = [benchmark(args.sizes)]
-            if args.peer:
-                benchmark_peer(args.sizes)
+            sources = [benchmark(args.sizes, args.peer)]
+            if args.csv_only:
+                return 0
         except gpu.UnsupportedGPUError as reason:
-            sources = sorted(cli.RESULTS_DIR.glob("*.csv"))
+            sources = sorted(path for path in cli.RESULTS_DIR.glob("*.csv") if "_" not in path.stem)
             print(f"No Hopper or Blackwell GPU here ({reason}): re-plotting {len(sources)} results file(s) instead.")
     for source in sources:
         if not source.exists():

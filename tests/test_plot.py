@@ -5,24 +5,42 @@ import csv
 import plot
 from support import cli
 
+COPY_BYTES_PER_S = 3.0e12
+
+
+def share_of_copy(m: int, n: int, k: int, ms: str) -> str:
+    return f"{100 * (m * k + n * k + m * n) * 2 / (float(ms) * 1e-3) / COPY_BYTES_PER_S:.4g}"
+
+
+COMMON = {"gpu": "NVIDIA H100 80GB HBM3", "dtype": "fp16", "rel_err": "2.1e-04", "config": "block_m=128",
+          "tilus": "0.2.0", "torch": "2.11", "date": "2026-11-22"}
 ROWS = [
-    {"gpu": "NVIDIA H100 80GB HBM3", "version": v, "m": s, "n": s, "k": s, "ms": ms, "tflops": tf,
-     "pct_of_cublas": pct, "rel_err": "2.1e-04", "config": "block_m=128", "tilus": "0.2.0", "torch": "2.11",
-     "date": "2026-11-22"}
-    for v, s, ms, tf, pct in [
-        ("v1", 4096, "0.3", "458.1", "60.0"), ("cublas", 4096, "0.18", "763.5", "100.0"),
-        ("v1", 8192, "2.0", "549.8", "72.0"), ("cublas", 8192, "1.44", "763.6", "100.0"),
-        ("v1", 512, "0.01", "26.8", "40.0"), ("triton", 512, "0.006", "44.7", "66.7"),
-        ("cublas", 512, "0.004", "67.1", "100.0"), ("triton", 4096, "0.19", "723.4", "94.7"),
+    COMMON | {"version": v, "regime": regime, "m": m, "n": n, "k": k, "ms": ms, "tflops": tf, "pct_of_cublas": pct,
+              "host_us": host, "sm_mhz": mhz, "power_w": "690", "tflops_per_ghz": per_ghz, "pct_of_clock_peak": peak,
+              "pct_of_bandwidth": share_of_copy(m, n, k, ms)}
+    for v, regime, m, n, k, ms, tf, pct, host, mhz, per_ghz, peak in [
+        ("v1", "burst", 4096, 4096, 4096, "0.3", "458.1", "60.0", "20.5", "1900", "241.1", "44.6"),
+        ("cublas", "burst", 4096, 4096, 4096, "0.18", "763.5", "100.0", "25.0", "1800", "424.2", "78.4"),
+        ("v1", "back-to-back", 4096, 4096, 4096, "0.31", "443.4", "61.3", "20.5", "1300", "341.1", "63.1"),
+        ("cublas", "back-to-back", 4096, 4096, 4096, "0.19", "723.4", "100.0", "25.0", "1310", "552.2", "102.1"),
+        ("v1", "burst", 8192, 8192, 8192, "2.0", "549.8", "72.0", "21.0", "1850", "297.2", "55.0"),
+        ("cublas", "burst", 8192, 8192, 8192, "1.44", "763.6", "100.0", "26.0", "1800", "424.2", "78.5"),
+        ("v1", "burst", 512, 512, 512, "0.01", "26.8", "40.0", "19.0", "1980", "13.5", "2.5"),
+        ("triton", "burst", 512, 512, 512, "0.006", "44.7", "66.7", "60.0", "1980", "22.6", "4.2"),
+        ("cublas", "burst", 512, 512, 512, "0.004", "67.1", "100.0", "24.0", "1980", "33.9", "6.3"),
+        ("triton", "burst", 4096, 4096, 4096, "0.19", "723.4", "94.7", "70.0", "1800", "401.9", "74.3"),
+        # decode: 1 x 4096 x 4096 moves 33.6 MB; at 0.0112 ms that is 3.0 TB/s
+        ("v1", "back-to-back", 1, 4096, 4096, "0.0224", "1.5", "50.0", "20.0", "1980", "0.76", "0.1"),
+        ("cublas", "back-to-back", 1, 4096, 4096, "0.0112", "3.0", "100.0", "25.0", "1980", "1.5", "0.3"),
     ]
 ]
 
 
-def write_fixture(path):
+def write_fixture(path, rows=ROWS, fields=cli.CSV_FIELDS):
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=cli.CSV_FIELDS)
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(ROWS)
+        writer.writerows(rows)
 
 
 def test_replot_from_csv(tmp_path):
@@ -34,11 +52,33 @@ def test_replot_from_csv(tmp_path):
     assert all(p.stat().st_size > 1000 for p in paths)
 
 
-def test_results_table_from_csv(tmp_path):
+def test_rows_from_before_the_regime_column_read_as_fp16_burst(tmp_path):
+    source = tmp_path / "h100.csv"
+    old_fields = ["gpu", "version", "m", "n", "k", "ms", "tflops", "pct_of_cublas", "rel_err", "config", "tilus", "torch",
+                  "date"]
+    write_fixture(source, ROWS[:2], old_fields)
+    rows = plot.read_rows(source)
+    assert [(r["dtype"], r["regime"], r["host_us"]) for r in rows] == [("fp16", "burst", "")] * 2
+
+
+def test_saved_rows_replace_only_their_regime(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "RESULTS_DIR", tmp_path)
+    cli.save_rows(ROWS[:4], "h100")
+    cli.save_rows([ROWS[2] | {"ms": "0.29"}], "h100")
+    rows = plot.read_rows(tmp_path / "h100.csv")
+    assert len(rows) == 4
+    assert {(r["version"], r["regime"]): r["ms"] for r in rows}[("v1", "back-to-back")] == "0.29"
+    assert {(r["version"], r["regime"]): r["ms"] for r in rows}[("v1", "burst")] == "0.3"
+
+
+def test_one_version_table_has_both_regimes_with_clock_and_host_cost(tmp_path):
     source = tmp_path / "h100.csv"
     write_fixture(source)
     table = plot.results_table(plot.read_rows(source), ["v1"])
-    assert "| 4096x4096x4096 | 458.1 | 60.0 | 763.5 | 2.1e-04 | `block_m=128` |" in table
+    assert ("| square | 4096x4096x4096 | back-to-back | 443.4 | 61.3 | 20.5 | 1300 | 690 | 341.1 (63.1%) | "
+            "- | 2.1e-04 | `block_m=128` |") in table
+    assert "| decode | 1x4096x4096 | back-to-back | 1.5 | 50.0 | 20.0 | 1980 | 690 | 0.8 (0.1%) | 1.50 (50%) |" in table
+    assert "| square | 4096x4096x4096 | burst | 458.1 | 60.0 |" in table
     assert "NVIDIA H100 80GB HBM3" in table and "measured 2026-11-22" in table
 
 
@@ -48,13 +88,26 @@ def test_tables_are_rewritten_between_markers(tmp_path):
     doc.write_text("before\n<!-- results h100 v1 -->\nstale\n<!-- /results -->\nafter\n")
     assert plot.update_documents(csv_dir=tmp_path, documents=[doc]) == [doc]
     text = doc.read_text()
-    assert "stale" not in text and "| 8192x8192x8192 | 549.8 | 72.0 |" in text and text.endswith("after\n")
+    assert "stale" not in text and "| square | 8192x8192x8192 | burst | 549.8 | 72.0 |" in text and text.endswith("after\n")
 
 
-def test_peer_column_and_only_class_shapes_in_tables(tmp_path):
+def test_comparison_tables_per_regime_with_peer_decode_and_host_cost(tmp_path):
     source = tmp_path / "h100.csv"
     write_fixture(source)
     table = plot.results_table(plot.read_rows(source), ["v1", "triton"])
-    assert "| class | size | v1 | Triton (torch.compile) | cuBLAS |" in table
-    assert "| square | 4096x4096x4096 | 458.1 (60.0%) | 723.4 (94.7%) | 763.5 TFLOPS |" in table
+    back_to_back, burst = table.split("**burst**")
+    assert "| class | size | v1 | Triton (torch.compile) | cuBLAS |" in burst
+    assert "| square | 4096x4096x4096 | 458.1 (60.0%) | 723.4 (94.7%) | 763.5 TFLOPS, 1800 MHz |" in burst
+    assert "| square | 4096x4096x4096 | 443.4 (61.3%) | - | 723.4 TFLOPS, 1310 MHz |" in back_to_back
+    # decode in bytes over time, cuBLAS with its share of the copy bandwidth
+    assert "| decode | 1x4096x4096 | 1.50 TB/s (50.0%) | - | 3.00 TB/s, 100% of copy, 1980 MHz |" in back_to_back
+    assert "| 20.2 (20.0-20.5) | - | 25.0 (25.0-25.0) |" in burst  # host µs, from the back-to-back rows
+    assert "copy bandwidth 3.00 TB/s" in table
     assert "512x512x512" not in table  # the square sweep is plotted, not tabled
+
+
+def test_shape_classes():
+    assert [plot.shape_class(*size) for size in [(1, 4096, 4096), (64, 14336, 4096), (128, 8192, 8192),
+                                                 (4096, 4096, 4096), (4096, 14336, 4096), (16384, 1024, 4096)]] == [
+        "decode", "decode", "skinny", "square", "LLM-like", "few tiles"]
+    assert sum(plot.shape_class(*cli.parse_size(size)) == "decode" for size in plot.CLASS_SIZES) == 9

@@ -8,14 +8,17 @@ rule broken.
 
 import torch
 
-_FP16 = torch.float16
+# the element types the kernels take: A, B and C all of one of them, fp32 accumulation
+DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _check_tensor(name: str, t, shape=None) -> None:
+def _check_tensor(name: str, t, shape=None, dtype=None) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.float16:
-        raise TypeError(f"{name} must be torch.float16, got {t.dtype}")
+    if dtype is None and t.dtype not in DTYPES:
+        raise TypeError(f"{name} must be torch.float16 or torch.bfloat16, got {t.dtype}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype} like a and b (C has the dtype of the inputs), got {t.dtype}")
     if t.dim() != 2:
         raise ValueError(f"{name} must be 2-D, got {t.dim()}-D with shape {tuple(t.shape)}")
     if shape is not None and tuple(t.shape) != shape:
@@ -32,7 +35,7 @@ def _check_layout(name: str, t: torch.Tensor) -> None:
     if cols % 8:
         raise ValueError(
             f"{name} has {cols} columns: TMA needs 16-byte row strides, so the row length must be a "
-            "multiple of 8 for fp16 (K for A and B, N for the output); pad it"
+            "multiple of 8 for fp16 and bf16 (K for A and B, N for the output); pad it"
         )
     if t.data_ptr() % 16:
         raise ValueError(f"{name} must start at a 16-byte aligned address for TMA (a sliced view may not)")
@@ -40,12 +43,13 @@ def _check_layout(name: str, t: torch.Tensor) -> None:
 
 def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
     x0, y0 = x.data_ptr(), y.data_ptr()
-    return x.get_device() == y.get_device() and x0 < y0 + y.numel() * 2 and y0 < x0 + x.numel() * 2
+    return (x.get_device() == y.get_device() and x0 < y0 + y.numel() * y.element_size()
+            and y0 < x0 + x.numel() * x.element_size())
 
 
 def check_inputs(a, b, out=None) -> tuple[int, int, int]:
     """Validate ``matmul(a, b, out)`` input; return (M, N, K). Raises TypeError/ValueError naming the rule."""
-    if (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype is _FP16 and b.dtype is _FP16
+    if (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype in DTYPES and b.dtype is a.dtype
             and a.dim() == 2 and b.dim() == 2):
         (m, k), (n, kb) = a.shape, b.shape
         if (k == kb and m and n and k and not (k % 8 or n % 8) and max(m * k, n * k, m * n) < 2**31 and a.is_cuda
@@ -56,7 +60,7 @@ def check_inputs(a, b, out=None) -> tuple[int, int, int]:
 
 
 def _fits_out(out, a: torch.Tensor, b: torch.Tensor, m: int, n: int) -> bool:
-    return (isinstance(out, torch.Tensor) and out.dtype is _FP16 and out.shape == (m, n)
+    return (isinstance(out, torch.Tensor) and out.dtype is a.dtype and out.shape == (m, n)
             and out.get_device() == a.get_device() and out.is_contiguous() and not out.data_ptr() % 16
             and not _overlaps(out, a) and not _overlaps(out, b))
 
@@ -65,6 +69,9 @@ def check_each_rule(a, b, out=None) -> tuple[int, int, int]:
     """The rules one by one, each raising a TypeError/ValueError that names it; (M, N, K) if all hold."""
     _check_tensor("a", a)
     _check_tensor("b", b)
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must have one dtype (both torch.float16 or both torch.bfloat16), got {a.dtype} and "
+                        f"{b.dtype}")
     (m, k), (n, kb) = a.shape, b.shape
     if k != kb:
         raise ValueError(f"K mismatch: a is {m}x{k} and b is {n}x{kb}; C = A @ B.T needs a.shape[1] == b.shape[1]")
@@ -75,9 +82,10 @@ def check_each_rule(a, b, out=None) -> tuple[int, int, int]:
     _check_layout("a", a)
     _check_layout("b", b)
     if out is not None:
-        _check_tensor("out", out, shape=(m, n))
+        _check_tensor("out", out, shape=(m, n), dtype=a.dtype)
     if n % 8:
-        raise ValueError(f"N={n}: the output's rows are stored by TMA, so N must be a multiple of 8 for fp16; pad b")
+        raise ValueError(f"N={n}: the output's rows are stored by TMA, so N must be a multiple of 8 for fp16 and bf16; "
+                         "pad b")
     if out is not None:
         _check_layout("out", out)
     for name, t in (("a", a), ("b", b), ("out", out)):

@@ -22,8 +22,9 @@ def half(*shape):
     [
         ([[1.0]], half(8, 8), TypeError, "a must be a torch.Tensor"),
         (half(8, 8), None, TypeError, "b must be a torch.Tensor"),
-        (torch.randn(8, 8), half(8, 8), TypeError, "a must be torch.float16, got torch.float32"),
-        (half(8, 8), torch.randn(8, 8).bfloat16(), TypeError, "b must be torch.float16"),
+        (torch.randn(8, 8), half(8, 8), TypeError, "a must be torch.float16 or torch.bfloat16, got torch.float32"),
+        (half(8, 8), torch.randn(8, 8).bfloat16(), TypeError,
+         "a and b must have one dtype .* got torch.float16 and torch.bfloat16"),
         (half(64), half(8, 8), ValueError, "a must be 2-D, got 1-D"),
         (half(8, 8), half(2, 8, 8), ValueError, "b must be 2-D, got 3-D"),
         (half(16, 32), half(16, 24), ValueError, "K mismatch: a is 16x32 and b is 16x24"),
@@ -37,7 +38,11 @@ def half(*shape):
         (half(8, 8), half(8, 8), ValueError, "a is on the CPU; move it to the GPU"),
         # the kinds above name each rule once; these are the other ways users meet them
         (torch.tensor(1.0).half(), half(8, 8), ValueError, "a must be 2-D, got 0-D"),
-        (half(8, 8).to(torch.float8_e4m3fn), half(8, 8), TypeError, "a must be torch.float16, got torch.float8_e4m3fn"),
+        (half(8, 8).to(torch.float8_e4m3fn), half(8, 8), TypeError,
+         "a must be torch.float16 or torch.bfloat16, got torch.float8_e4m3fn"),
+        (torch.randn(8, 8), torch.randn(8, 8).bfloat16(), TypeError, "a must be torch.float16 or torch.bfloat16"),
+        # bf16 passes every rule above: these fail only where the device is checked
+        (half(8, 8).bfloat16(), half(8, 8).bfloat16(), ValueError, "a is on the CPU"),
         (half(8, 8), half(0, 8), ValueError, "empty dimension: M=8, N=0"),
         (half(1, 8).expand(8, 8), half(8, 8), ValueError, r"a must be contiguous .* got strides \(0, 1\)"),
         (half(8, 16)[:, ::2], half(8, 8), ValueError, r"a must be contiguous .* got strides \(16, 2\)"),
@@ -53,7 +58,8 @@ def test_bad_input_is_rejected_with_the_rule(a, b, error, rule):
     "out, error, rule",
     [
         ("not a tensor", TypeError, "out must be a torch.Tensor"),
-        (torch.empty(8, 16, dtype=torch.float32), TypeError, "out must be torch.float16"),
+        (torch.empty(8, 16, dtype=torch.float32), TypeError, "out must be torch.float16 like a and b"),
+        (torch.empty(8, 16, dtype=torch.bfloat16), TypeError, r"out must be torch.float16 like a and b .* got torch.bfloat16"),
         (torch.empty(16, 8, dtype=torch.float16), ValueError, r"out must have shape \(8, 16\)"),
         (torch.empty(16, 8, dtype=torch.float16).t(), ValueError, "out must be contiguous"),
         (torch.empty(128, dtype=torch.float16), ValueError, "out must be 2-D, got 1-D"),

@@ -39,7 +39,7 @@ import sys
 
 import tilus
 import torch
-from tilus import float16, float32, int32, uint32
+from tilus import DataType, float16, float32, int32, uint32, void_p
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
@@ -52,8 +52,9 @@ import support
 @tilus.autotune("block_m, block_n, e_block_n", [[128, 64, 32], [128, 128, 32], [128, 256, 32]])
 @tilus.autotune("block_k", [32, 64])
 class BlackwellMatmulV1(tilus.Script):
-    def __init__(self, block_m: int, block_n: int, block_k: int, e_block_n: int):
+    def __init__(self, block_m: int, block_n: int, block_k: int, e_block_n: int, dtype: DataType = float16):
         super().__init__()
+        self.dtype = dtype  # float16 or bfloat16: A, B and C
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
@@ -64,9 +65,9 @@ class BlackwellMatmulV1(tilus.Script):
         m_size: int32,
         n_size: int32,
         k_size: int32,
-        a_ptr: ~float16,
-        b_ptr: ~float16,
-        c_ptr: ~float16,
+        a_ptr: void_p,
+        b_ptr: void_p,
+        c_ptr: void_p,
     ):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
@@ -76,10 +77,10 @@ class BlackwellMatmulV1(tilus.Script):
         offset_n: int32 = self.block_n * self.blockIdx.y
 
         # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
-        s_a = self.shared_tensor(dtype=float16, shape=[self.block_m, self.block_k])
-        s_b = self.shared_tensor(dtype=float16, shape=[self.block_n, self.block_k])
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.block_n, self.block_k])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
         # 3. barriers
@@ -105,15 +106,15 @@ class BlackwellMatmulV1(tilus.Script):
             phase ^= 1
 
         # 5. epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
-        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
-        s_c = self.shared_tensor(dtype=float16, shape=[self.block_m, self.e_block_n])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
         for e_offset_n in range(0, self.block_n, self.e_block_n):
             t_acc_slice = self.tcgen05.slice(
                 t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
             )
             r_acc = self.tcgen05.load(t_acc_slice)
             self.tcgen05.wait_load()
-            self.store_shared(s_c, r_acc.to(float16))
+            self.store_shared(s_c, r_acc.to(self.dtype))
             # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
             self.fence.proxy_async(space="shared")
             self.sync()
@@ -131,8 +132,9 @@ class BlackwellMatmulV1(tilus.Script):
 @tilus.autotune("block_m, block_n", [[64, 128], [128, 64], [128, 128], [64, 256]])
 @tilus.autotune("block_k", [32, 64])
 class HopperMatmulV1(tilus.Script):
-    def __init__(self, block_m: int, block_n: int, block_k: int):
+    def __init__(self, block_m: int, block_n: int, block_k: int, dtype: DataType = float16):
         super().__init__()
+        self.dtype = dtype  # float16 or bfloat16: A, B and C
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
@@ -142,9 +144,9 @@ class HopperMatmulV1(tilus.Script):
         m_size: int32,
         n_size: int32,
         k_size: int32,
-        a_ptr: ~float16,
-        b_ptr: ~float16,
-        c_ptr: ~float16,
+        a_ptr: void_p,
+        b_ptr: void_p,
+        c_ptr: void_p,
     ):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4  # one warpgroup: wgmma is issued by 4 warps together
@@ -154,10 +156,10 @@ class HopperMatmulV1(tilus.Script):
         offset_n: int32 = self.block_n * self.blockIdx.y
 
         # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
-        s_a = self.shared_tensor(dtype=float16, shape=[self.block_m, self.block_k])
-        s_b = self.shared_tensor(dtype=float16, shape=[self.block_n, self.block_k])
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.block_n, self.block_k])
         acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
 
         # 3. barriers
@@ -184,11 +186,11 @@ class HopperMatmulV1(tilus.Script):
         # reuses the operand tiles' shared memory, which no MMA or load touches any more
         self.free_shared(s_a)
         self.free_shared(s_b)
-        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
-        s_c = self.shared_tensor(dtype=float16, shape=[self.block_m, self.block_n])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
         # row-major, unswizzled: one TMA box for the whole tile (a 128-byte swizzle caps a box at 64 columns)
         self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
-        self.store_shared(s_c, acc.to(float16))
+        self.store_shared(s_c, acc.to(self.dtype))
         self.fence.proxy_async(space="shared")
         self.sync()
         with self.single_warp():

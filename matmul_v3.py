@@ -53,7 +53,7 @@ import sys
 
 import tilus
 import torch
-from tilus import GlobalTensor, RegisterTensor, SharedTensor, float16, float32, int32, uint32
+from tilus import DataType, GlobalTensor, RegisterTensor, SharedTensor, float16, float32, int32, uint32, void_p
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
@@ -67,8 +67,10 @@ import support
 @tilus.autotune("block_k", [64])
 @tilus.autotune("stages", [2, 3, 4])
 class BlackwellMatmulV3(tilus.Script):
-    def __init__(self, block_m: int, block_n: int, block_k: int, e_block_n: int, stages: int):
+    def __init__(self, block_m: int, block_n: int, block_k: int, e_block_n: int, stages: int,
+                 dtype: DataType = float16):
         super().__init__()
+        self.dtype = dtype  # float16 or bfloat16: A, B and C
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
@@ -80,9 +82,9 @@ class BlackwellMatmulV3(tilus.Script):
         m_size: int32,
         n_size: int32,
         k_size: int32,
-        a_ptr: ~float16,
-        b_ptr: ~float16,
-        c_ptr: ~float16,
+        a_ptr: void_p,
+        b_ptr: void_p,
+        c_ptr: void_p,
     ):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
@@ -92,10 +94,10 @@ class BlackwellMatmulV3(tilus.Script):
         offset_n: int32 = self.block_n * self.blockIdx.y
 
         # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
-        s_a = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_m, self.block_k])
-        s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
         # 3. barriers
@@ -141,15 +143,15 @@ class BlackwellMatmulV3(tilus.Script):
         self.sync()
 
         # 5. epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
-        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
-        s_c = self.shared_tensor(dtype=float16, shape=[self.block_m, self.e_block_n])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
         for e_offset_n in range(0, self.block_n, self.e_block_n):
             t_acc_slice = self.tcgen05.slice(
                 t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
             )
             r_acc = self.tcgen05.load(t_acc_slice)
             self.tcgen05.wait_load()
-            self.store_shared(s_c, r_acc.to(float16))
+            self.store_shared(s_c, r_acc.to(self.dtype))
             # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
             self.fence.proxy_async(space="shared")
             self.sync()
@@ -171,8 +173,9 @@ class BlackwellMatmulV3(tilus.Script):
 @tilus.autotune("block_k", [64])
 @tilus.autotune("stages", [2, 3])
 class HopperMatmulV3(tilus.Script):
-    def __init__(self, block_m: int, block_n: int, block_k: int, stages: int):
+    def __init__(self, block_m: int, block_n: int, block_k: int, stages: int, dtype: DataType = float16):
         super().__init__()
+        self.dtype = dtype  # float16 or bfloat16: A, B and C
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
@@ -184,9 +187,9 @@ class HopperMatmulV3(tilus.Script):
         m_size: int32,
         n_size: int32,
         k_size: int32,
-        a_ptr: ~float16,
-        b_ptr: ~float16,
-        c_ptr: ~float16,
+        a_ptr: void_p,
+        b_ptr: void_p,
+        c_ptr: void_p,
     ):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 9  # consumer warpgroups (warps 0-3, 4-7) + producer warp (warp 8)
@@ -196,11 +199,11 @@ class HopperMatmulV3(tilus.Script):
         offset_n: int32 = self.block_n * self.blockIdx.y
 
         # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
         # A's slot holds one half per consumer; both consumers read the whole B slot
-        s_a = self.shared_tensor(dtype=float16, shape=[self.stages, 2, self.consumer_m, self.block_k])
-        s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.consumer_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
 
         # 3. barriers
         full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)  # a slot's loads landed
@@ -229,7 +232,7 @@ class HopperMatmulV3(tilus.Script):
                 stage = (stage + 1) % self.stages
                 producer_phase ^= stage == 0
 
-        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
         self.consumer(0, s_a, s_b, full_barriers, empty_barriers, g_c, offset_m, offset_n, k_size)
         self.consumer(1, s_a, s_b, full_barriers, empty_barriers, g_c, offset_m, offset_n, k_size)
 
@@ -265,10 +268,10 @@ class HopperMatmulV3(tilus.Script):
             self.wgmma.wait_group(0)  # Hopper's flush: the accumulator is final only now
 
             # 5. epilogue: registers -> shared -> global (TMA), each warpgroup its own rows
-            s_c = self.shared_tensor(dtype=float16, shape=[self.consumer_m, self.block_n])
+            s_c = self.shared_tensor(dtype=self.dtype, shape=[self.consumer_m, self.block_n])
             # row-major, unswizzled: one TMA box for the whole tile (a 128-byte swizzle caps a box at 64 columns)
             self.annotate_layout(s_c, shared_row_major(self.consumer_m, self.block_n))
-            self.store_shared(s_c, acc.to(float16))
+            self.store_shared(s_c, acc.to(self.dtype))
             self.fence.proxy_async(space="shared")
             self.sync()  # this warpgroup only (a named barrier)
             with self.single_warp():

@@ -54,7 +54,7 @@ import sys
 
 import tilus
 import torch
-from tilus import GlobalTensor, RegisterTensor, SharedTensor, float16, float32, int32
+from tilus import DataType, GlobalTensor, RegisterTensor, SharedTensor, float16, float32, int32, void_p
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
@@ -97,8 +97,18 @@ class GroupedTileOrder:
 @tilus.autotune("stages", [2, 3, 4])
 @tilus.autotune("group_m", [8, 16])
 class BlackwellMatmulV4(GroupedTileOrder, tilus.Script):
-    def __init__(self, block_m: int, block_n: int, block_k: int, e_block_n: int, stages: int, group_m: int):
+    def __init__(
+        self,
+        block_m: int,
+        block_n: int,
+        block_k: int,
+        e_block_n: int,
+        stages: int,
+        group_m: int,
+        dtype: DataType = float16,
+    ):
         super().__init__()
+        self.dtype = dtype  # float16 or bfloat16: A, B and C
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
@@ -111,9 +121,9 @@ class BlackwellMatmulV4(GroupedTileOrder, tilus.Script):
         m_size: int32,
         n_size: int32,
         k_size: int32,
-        a_ptr: ~float16,
-        b_ptr: ~float16,
-        c_ptr: ~float16,
+        a_ptr: void_p,
+        b_ptr: void_p,
+        c_ptr: void_p,
     ):
         num_m = cdiv(m_size, self.block_m)
         num_n = cdiv(n_size, self.block_n)
@@ -126,10 +136,10 @@ class BlackwellMatmulV4(GroupedTileOrder, tilus.Script):
         offset_n: int32 = self.block_n * tile_n
 
         # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
-        s_a = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_m, self.block_k])
-        s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
         # 3. barriers
@@ -168,15 +178,15 @@ class BlackwellMatmulV4(GroupedTileOrder, tilus.Script):
         self.sync()
 
         # 5. epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
-        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
-        s_c = self.shared_tensor(dtype=float16, shape=[self.block_m, self.e_block_n])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
         for e_offset_n in range(0, self.block_n, self.e_block_n):
             t_acc_slice = self.tcgen05.slice(
                 t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
             )
             r_acc = self.tcgen05.load(t_acc_slice)
             self.tcgen05.wait_load()
-            self.store_shared(s_c, r_acc.to(float16))
+            self.store_shared(s_c, r_acc.to(self.dtype))
             # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
             self.fence.proxy_async(space="shared")
             self.sync()
@@ -198,8 +208,9 @@ class BlackwellMatmulV4(GroupedTileOrder, tilus.Script):
 @tilus.autotune("block_k", [64])
 @tilus.autotune("group_m", [8, 16, 32])
 class HopperMatmulV4(GroupedTileOrder, tilus.Script):
-    def __init__(self, block_m: int, block_n: int, block_k: int, stages: int, group_m: int):
+    def __init__(self, block_m: int, block_n: int, block_k: int, stages: int, group_m: int, dtype: DataType = float16):
         super().__init__()
+        self.dtype = dtype  # float16 or bfloat16: A, B and C
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
@@ -212,9 +223,9 @@ class HopperMatmulV4(GroupedTileOrder, tilus.Script):
         m_size: int32,
         n_size: int32,
         k_size: int32,
-        a_ptr: ~float16,
-        b_ptr: ~float16,
-        c_ptr: ~float16,
+        a_ptr: void_p,
+        b_ptr: void_p,
+        c_ptr: void_p,
     ):
         num_m = cdiv(m_size, self.block_m)
         num_n = cdiv(n_size, self.block_n)
@@ -227,11 +238,11 @@ class HopperMatmulV4(GroupedTileOrder, tilus.Script):
         offset_n: int32 = self.block_n * tile_n
 
         # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
         # A's slot holds one half per consumer; both consumers read the whole B slot
-        s_a = self.shared_tensor(dtype=float16, shape=[self.stages, 2, self.consumer_m, self.block_k])
-        s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.consumer_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
 
         # 3. barriers
         pipe = Pipeline(self.stages, consumer_arrivals=256)  # every thread of both consumers arrives
@@ -253,9 +264,9 @@ class HopperMatmulV4(GroupedTileOrder, tilus.Script):
                 )
                 pipe.producer_advance()
 
-        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
         # one output tile for both consumers, in turn: its 32 KiB pay for the ring's fourth slot
-        s_c = self.shared_tensor(dtype=float16, shape=[self.consumer_m, self.block_n])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.consumer_m, self.block_n])
         # row-major, unswizzled: one TMA box for the whole tile (a 128-byte swizzle caps a box at 64 columns)
         self.annotate_layout(s_c, shared_row_major(self.consumer_m, self.block_n))
         s_c_free = self.mbarrier.alloc(counts=[1])  # warpgroup 0's rows have left s_c
@@ -296,7 +307,7 @@ class HopperMatmulV4(GroupedTileOrder, tilus.Script):
             # output tile: warpgroup 1 waits until the TMA engine has read warpgroup 0's rows.
             if warpgroup == 1:
                 self.mbarrier.wait(s_c_free, phase=0)
-            self.store_shared(s_c, acc.to(float16))
+            self.store_shared(s_c, acc.to(self.dtype))
             self.fence.proxy_async(space="shared")
             self.sync()  # this warpgroup only (a named barrier)
             with self.single_warp():

@@ -47,7 +47,7 @@ import sys
 
 import tilus
 import torch
-from tilus import GlobalTensor, RegisterTensor, SharedTensor, float16, float32, int32, uint32
+from tilus import DataType, GlobalTensor, RegisterTensor, SharedTensor, float16, float32, int32, uint32, void_p
 from tilus.hidet.ir.expr import if_then_else
 from tilus.hidet.ir.primitives.cuda.setmaxnreg import setmaxnreg
 from tilus.ir.layout.ops.shared_ops import shared_row_major
@@ -74,8 +74,18 @@ def persistent_blocks(units: int32, num_sms: int32, cluster: int):
 @tilus.autotune("stages", [2, 3, 4])
 @tilus.autotune("group_m", [8, 16])
 class BlackwellMatmulV5(GroupedTileOrder, tilus.Script):
-    def __init__(self, block_m: int, block_n: int, block_k: int, e_block_n: int, stages: int, group_m: int):
+    def __init__(
+        self,
+        block_m: int,
+        block_n: int,
+        block_k: int,
+        e_block_n: int,
+        stages: int,
+        group_m: int,
+        dtype: DataType = float16,
+    ):
         super().__init__()
+        self.dtype = dtype  # float16 or bfloat16: A, B and C
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
@@ -88,9 +98,9 @@ class BlackwellMatmulV5(GroupedTileOrder, tilus.Script):
         m_size: int32,
         n_size: int32,
         k_size: int32,
-        a_ptr: ~float16,
-        b_ptr: ~float16,
-        c_ptr: ~float16,
+        a_ptr: void_p,
+        b_ptr: void_p,
+        c_ptr: void_p,
         num_sms: int32,
     ):
         num_m = cdiv(m_size, self.block_m)
@@ -99,12 +109,12 @@ class BlackwellMatmulV5(GroupedTileOrder, tilus.Script):
         self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
 
         # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
-        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
-        s_a = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_m, self.block_k])
-        s_b = self.shared_tensor(dtype=float16, shape=[self.stages, self.block_n, self.block_k])
-        s_c = self.shared_tensor(dtype=float16, shape=[self.block_m, self.e_block_n])
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
         # 3. barriers
@@ -157,7 +167,7 @@ class BlackwellMatmulV5(GroupedTileOrder, tilus.Script):
                 )
                 r_acc = self.tcgen05.load(t_acc_slice)
                 self.tcgen05.wait_load()
-                self.store_shared(s_c, r_acc.to(float16))
+                self.store_shared(s_c, r_acc.to(self.dtype))
                 self.fence.proxy_async(space="shared")
                 self.sync()
                 with self.single_warp():
@@ -190,8 +200,10 @@ class HopperMatmulV5(GroupedTileOrder, tilus.Script):
         register_split: bool = False,
         overlap_epilogue: bool = True,
         swizzled_store: bool = True,
+        dtype: DataType = float16,
     ):
         super().__init__()
+        self.dtype = dtype  # float16 or bfloat16: A, B and C
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
@@ -208,9 +220,9 @@ class HopperMatmulV5(GroupedTileOrder, tilus.Script):
         m_size: int32,
         n_size: int32,
         k_size: int32,
-        a_ptr: ~float16,
-        b_ptr: ~float16,
-        c_ptr: ~float16,
+        a_ptr: void_p,
+        b_ptr: void_p,
+        c_ptr: void_p,
         num_sms: int32,
     ):
         num_m = cdiv(m_size, self.block_m)
@@ -223,25 +235,25 @@ class HopperMatmulV5(GroupedTileOrder, tilus.Script):
         self.attrs.warps = 12 if self.register_split else 9
 
         # 2. operands
-        g_a = self.global_view(a_ptr, dtype=float16, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=float16, shape=[n_size, k_size])
-        g_c = self.global_view(c_ptr, dtype=float16, shape=[m_size, n_size])
-        s_a = self.shared_tensor(dtype=float16, shape=[self.stages, 2, self.consumer_m, self.block_k])
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.consumer_m, self.block_k])
         # B's slot in cluster_m parts: each CTA of the cluster loads one part into every CTA
         s_b = self.shared_tensor(
-            dtype=float16, shape=[self.stages, self.cluster_m, self.block_n // self.cluster_m, self.block_k]
+            dtype=self.dtype, shape=[self.stages, self.cluster_m, self.block_n // self.cluster_m, self.block_k]
         )
         if self.swizzled_store:
             # 64-column boxes, each with TMA's 128-byte swizzle: row r's 16-byte chunk c sits at
             # chunk c ^ (r % 8), so the 8 rows an stmatrix writes hit 8 different bank groups
             boxes = self.block_n // 64
-            s_c = self.shared_tensor(dtype=float16, shape=[boxes, self.consumer_m, 64])
+            s_c = self.shared_tensor(dtype=self.dtype, shape=[boxes, self.consumer_m, 64])
             self.annotate_layout(s_c, shared_layout(
                 shape=[boxes, self.consumer_m, 64], mode_shape=[boxes, self.consumer_m, 64],
                 mode_strides=[self.consumer_m * 64, 64, 1], optional_swizzle=Swizzle(base=3, bits=3, shift=3),
             ))
         else:
-            s_c = self.shared_tensor(dtype=float16, shape=[self.consumer_m, self.block_n])
+            s_c = self.shared_tensor(dtype=self.dtype, shape=[self.consumer_m, self.block_n])
             self.annotate_layout(s_c, shared_row_major(self.consumer_m, self.block_n))
 
         # 3. barriers: a slot is free once both consumer warpgroups of every CTA that reads it let go
@@ -360,9 +372,9 @@ class HopperMatmulV5(GroupedTileOrder, tilus.Script):
                 offset_n = self.block_n * tile_n
                 if self.swizzled_store:
                     s_c_rows = self.reshape_shared(s_c.permute([1, 0, 2]), [self.consumer_m, self.block_n])
-                    self.store_shared(s_c_rows, acc.to(float16))
+                    self.store_shared(s_c_rows, acc.to(self.dtype))
                 else:
-                    self.store_shared(s_c, acc.to(float16))
+                    self.store_shared(s_c, acc.to(self.dtype))
                 self.fence.proxy_async(space="shared")
                 self.sync()
                 with self.single_warp():

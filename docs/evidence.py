@@ -44,13 +44,15 @@ def blocks_per_sm(registers: int, threads: int, shared: int, tmem_columns: int =
 
 def evidence_table(results: dict) -> str:
     """Markdown table from {arch name: [BuildResult, ...]} of one stage."""
+    from support import dispatch
+
     lines = [
         "| GPU | schedule | threads | registers | shared memory | blocks per SM | spills |",
         "|---|---|---|---|---|---|---|",
     ]
     for arch in sorted(results, reverse=True):  # hopper first
         for r in results[arch]:
-            schedule = " ".join(f"{key}={value}" for key, value in r.schedule.items())
+            schedule = dispatch.format_schedule(r.schedule)
             tmem = r.schedule.get("block_n", 0) if arch == "blackwell" else 0
             spills = f"{r.spill_bytes} B" if r.ok else "build failed"
             lines.append(

@@ -104,15 +104,17 @@ def _inspect_build(result: BuildResult, arch: Arch) -> None:
 
 
 def build_schedules(
-    script_cls, arch_name: str, progress=print, script_kwargs: dict | None = None, call_args: tuple | None = None
+    script_cls, arch_name: str, progress=print, script_kwargs: dict | None = None, call_args: tuple | None = None,
+    limit: int | None = None,
 ) -> list[BuildResult]:
     """Build every schedule of the autotune space for the architecture, without a GPU.
 
     tilus' autotuner silently drops schedules that fail to build, so this returns one
     result per schedule of the space and the caller decides what a failure means.
-    ``script_kwargs`` and ``call_args`` are for kernels other than the GEMMs (whose
-    arguments are M, N, K and three pointers): the first are passed to the script's
-    constructor, the second stand for its call's arguments, pointers as 0.
+    ``script_kwargs`` are passed to the script's constructor (``dtype=bfloat16`` for a
+    version's kernel); ``call_args`` are for kernels other than the GEMMs (whose arguments
+    are M, N, K and three pointers) and stand for its call's arguments, pointers as 0.
+    ``limit`` builds only the first schedules of the space and returns their results.
     """
     arch = ARCHS[arch_name]
     with _building_for(arch.target):
@@ -125,14 +127,17 @@ def build_schedules(
         failed_transpile = [i for i in range(len(results)) if i not in transpiled]
         for i, message in zip(failed_transpile, jit.failed_scheduling):
             results[i].error = message
-        jobs = [(program, jit.build_options) for program in jit.transpiled_programs]
+        count = len(results) if limit is None else limit
+        wanted = [(index, program) for index, program in zip(jit.transpiled_schedules, jit.transpiled_programs)
+                  if index < count]
+        jobs = [(program, jit.build_options) for _, program in wanted]
         name = script_cls.__name__
         for done, (index, (module_dir, error)) in enumerate(
-            zip(jit.transpiled_schedules, parallel_imap(_build_program, jobs)), start=1
+            zip([index for index, _ in wanted], parallel_imap(_build_program, jobs)), start=1
         ):
             result = results[index]
             result.module_dir, result.error = Path(module_dir), error
             if result.ok:
                 _inspect_build(result, arch)
             progress(f"  [{done}/{len(jobs)}] {name} {arch.sm} {format_schedule(result.schedule)}: {result.describe(arch)}")
-    return results
+    return results[:count]

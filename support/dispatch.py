@@ -21,6 +21,7 @@ import math
 import sys
 
 import filelock
+import tilus
 import torch
 from tilus.lang.instantiated_script import extract_keys
 
@@ -44,10 +45,13 @@ class Device:
     num_sms: int
 
 
+# the element type a kernel is built for, a constructor argument of every version's kernels
+TILUS_DTYPES = {torch.float16: tilus.float16, torch.bfloat16: tilus.bfloat16}
+
 _devices: dict[int, Device] = {}
-# (kernel class, device index, M, N, K bucket) -> (compiled launch function, kernel arguments after C)
+# (kernel class, dtype, device index, M, N, K bucket) -> (compiled launch function, kernel arguments after C)
 _by_bucket: dict[tuple, tuple] = {}
-# the same launchers by exact size, (id of a version's KERNELS, device index, M, N, K): one dict
+# the same launchers by exact size, (id of a version's KERNELS, dtype, device index, M, N, K): one dict
 # lookup per call instead of three buckets and the device's facts; cleared when it grows large
 _by_size: dict[tuple, tuple] = {}
 BY_SIZE_LIMIT = 4096
@@ -75,7 +79,7 @@ def launch(kernels: dict, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | 
     """
     m, n, k = check_inputs(a, b, out)
     index = a.get_device()
-    launcher = _by_size.get((id(kernels), index, m, n, k))
+    launcher = _by_size.get((id(kernels), a.dtype, index, m, n, k))
     if launcher is None:
         return first_call_at_size(kernels, index, m, n, k, a, b, out)
     if out is None:
@@ -99,7 +103,7 @@ def first_call_at_size(kernels: dict, index: int, m: int, n: int, k: int, a, b, 
     script_cls = kernels[gpu.arch]
     if out is None:
         out = a.new_empty(m, n)
-    key = (script_cls, index, bucket(m), bucket(n), bucket(k))
+    key = (script_cls, a.dtype, index, bucket(m), bucket(n), bucket(k))
     launcher = _by_bucket.get(key)
     if launcher is None:
         launcher = _by_bucket[key] = first_launch(script_cls, gpu, m, n, k, a, b, out)
@@ -107,7 +111,7 @@ def first_call_at_size(kernels: dict, index: int, m: int, n: int, k: int, a, b, 
         run(launcher, index, m, n, k, a, b, out)
     if len(_by_size) >= BY_SIZE_LIMIT:
         _by_size.clear()
-    _by_size[id(kernels), index, m, n, k] = launcher
+    _by_size[id(kernels), a.dtype, index, m, n, k] = launcher
     return out
 
 
@@ -115,7 +119,7 @@ def first_launch(script_cls, gpu: Device, m: int, n: int, k: int, a, b, out) -> 
     """Build and tune this size's bucket (once per machine; cached on disk), run it, return its launcher."""
     with torch.cuda.device(gpu.index):
         use_cache(script_cls, gpu.label)
-        script = script_cls()
+        script = script_cls(dtype=TILUS_DTYPES[a.dtype])
         args = kernel_args(script_cls, m, n, k, a, b, out, gpu.num_sms)
         tune_once(script, args)
         script(*args)
@@ -143,12 +147,12 @@ def kernel_args(script_cls, m: int, n: int, k: int, a, b, out, num_sms: int | No
     return (*args, num_sms)
 
 
-def jit_instance(script_cls, m: int, n: int, k: int):
-    """The JIT instance of a GEMM stage for a size: it holds every schedule of the autotune space.
+def jit_instance(script_cls, m: int, n: int, k: int, dtype: torch.dtype = torch.float16):
+    """The JIT instance of a version's kernel for a size and dtype: it holds every schedule of the autotune space.
 
     tilus 0.2.0 has no public compile(); ``.programs()`` builds every schedule.
     """
-    return script_cls()._jit_instance_for(*kernel_args(script_cls, m, n, k, 0, 0, 0))
+    return script_cls(dtype=TILUS_DTYPES[dtype])._jit_instance_for(*kernel_args(script_cls, m, n, k, 0, 0, 0))
 
 
 def keys(script, args: tuple):
@@ -156,16 +160,17 @@ def keys(script, args: tuple):
     return extract_keys(args, script.const_params, script.tuning_params)
 
 
-def chosen_schedule(script_cls, m: int, n: int, k: int) -> dict:
-    """The schedule picked for this size bucket (after a call at that size)."""
-    script = script_cls()
+def chosen_schedule(script_cls, m: int, n: int, k: int, dtype: torch.dtype = torch.float16) -> dict:
+    """The schedule picked for this size bucket and dtype (after a call at that size)."""
+    script = script_cls(dtype=TILUS_DTYPES[dtype])
     jit_key, tuning_key = keys(script, kernel_args(script_cls, m, n, k, None, None, None))
     jit = script.jit_instances[jit_key]
     return jit.schedules[jit.valid_schedules[jit.dispatch_table[tuning_key]]]
 
 
 def format_schedule(schedule: dict) -> str:
-    return " ".join(f"{key}={value}" for key, value in schedule.items())
+    """The schedule's tuned and switched parameters; the dtype has a column of its own wherever this is shown."""
+    return " ".join(f"{key}={value}" for key, value in schedule.items() if key != "dtype")
 
 
 def space_size(script_cls) -> int:

@@ -202,17 +202,17 @@ def check(contender: Contender, a, b, ref, timeout_s: float) -> float:
 
 
 def measure_size(contenders: list[Contender], m: int, n: int, k: int, seed: int, repeat: int,
-                 copy_bytes_per_s: float, handle, timeout_s: float = 60.0) -> list[dict]:
+                 copy_bytes_per_s: float, handle, timeout_s: float = 60.0, dtype=torch.float16) -> list[dict]:
     """Check every contender at one size, then time all of them in both regimes; one record per (contender, regime).
 
     A contender whose result is wrong is recorded with its error and not timed.
     """
-    sets = operand_sets(m, n, k, seed)
+    sets = operand_sets(m, n, k, seed, dtype)
     a, b = sets[0]
     ref = a.float() @ b.float().T
     errors = {c.name: check(c, a, b, ref, timeout_s) for c in contenders}
     del ref
-    timed = [c for c in contenders if measure.passes(errors[c.name])]
+    timed = [c for c in contenders if measure.passes(errors[c.name], dtype)]
     records = [{"version": c.name, "rel_err": errors[c.name], "config": c.config} for c in contenders
                if c not in timed]
     if not timed:

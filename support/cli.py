@@ -1,7 +1,8 @@
 """The command line every version shares: check against cuBLAS, then time against it in both regimes.
 
-    python matmul_vN.py [--sizes 4096 8192 1000x1016x1024] [--check-only] [--compile-only]
-                        [--arch hopper|blackwell] [--all-schedules] [--save] [--repeat N] [--timeout S]
+    python matmul_vN.py [--sizes 4096 8192 1000x1016x1024] [--dtype fp16|bf16] [--check-only]
+                        [--compile-only] [--arch hopper|blackwell] [--all-schedules] [--save]
+                        [--repeat N] [--timeout S]
 
 Without a Hopper or Blackwell GPU it says so in one line and builds every schedule for
 sm_90a and sm_100a instead. ``--save`` merges the rows into results/<gpu>.csv. The timing
@@ -24,7 +25,7 @@ from support.build import build_schedules
 from support.cache import REPO, use_cache
 from support.dispatch import chosen_schedule, format_schedule, jit_instance, kernel_args, space_size
 from support.gpu import ARCHS, UnsupportedGPUError, gpu_arch, gpu_label, gpu_slug
-from support.measure import REL_ERR_TOL, passes, random_inputs, relative_error, sync_or_exit
+from support.measure import DTYPE_NAMES, REL_ERR_TOL, passes, random_inputs, relative_error, sync_or_exit
 
 RESULTS_DIR = REPO / "results"
 CSV_FIELDS = ["gpu", "version", "dtype", "regime", "m", "n", "k", "ms", "tflops", "pct_of_cublas", "host_us", "sm_mhz",
@@ -44,11 +45,13 @@ def parse_size(text: str) -> tuple[int, int, int]:
 def _parser(version: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"matmul_{version}.py",
-        description=f"Check the {version} fp16 GEMM (C = A @ B.T) against cuBLAS, then time both.",
+        description=f"Check the {version} fp16/bf16 GEMM (C = A @ B.T) against cuBLAS, then time both.",
     )
     parser.add_argument("--sizes", nargs="+", type=parse_size, metavar="SIZE",
                         default=[parse_size(s) for s in DEFAULT_SIZES],
                         help="N (cube) or MxNxK; default: %(default)s" % {"default": " ".join(DEFAULT_SIZES)})
+    parser.add_argument("--dtype", choices=sorted(DTYPE_NAMES), default="fp16",
+                        help="element type of A, B and C (fp32 accumulation either way); default: fp16")
     parser.add_argument("--check-only", action="store_true", help="check correctness, do not time")
     parser.add_argument("--compile-only", action="store_true", help="build every schedule for sm_90a/sm_100a, run nothing")
     parser.add_argument("--arch", choices=sorted(ARCHS), help="with --compile-only: build only this architecture")
@@ -78,7 +81,7 @@ def _table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def check_every_schedule(script_cls, sizes, timeout_s: float, first_seed: int = 0):
+def check_every_schedule(script_cls, sizes, timeout_s: float, first_seed: int = 0, dtype: torch.dtype = torch.float16):
     """Run every built schedule of a kernel on each size, into an output filled with NaN.
 
     Size i gets fresh random inputs from seed ``first_seed + i``. A START line is printed
@@ -88,12 +91,12 @@ def check_every_schedule(script_cls, sizes, timeout_s: float, first_seed: int = 
     """
     name = script_cls.__name__
     use_cache(script_cls, gpu_label())
-    jit = jit_instance(script_cls, *sizes[0])
+    jit = jit_instance(script_cls, *sizes[0], dtype=dtype)
     jit.programs()
     results = []
     for seed, (m, n, k) in enumerate(sizes, start=first_seed):
-        a, b, ref = random_inputs(m, n, k, seed)
-        out = torch.empty((m, n), dtype=torch.float16, device="cuda")
+        a, b, ref = random_inputs(m, n, k, seed, dtype)
+        out = torch.empty((m, n), dtype=dtype, device="cuda")
         args = kernel_args(script_cls, m, n, k, a, b, out)
         for compiled, index in zip(jit.compiled_programs, jit.valid_schedules):
             schedule = format_schedule(jit.schedules[index])
@@ -107,15 +110,15 @@ def check_every_schedule(script_cls, sizes, timeout_s: float, first_seed: int = 
     return len(jit.compiled_programs), len(jit.schedules), results
 
 
-def _check_every_schedule(kernels: dict, arch_name: str, sizes, timeout_s: float) -> int:
+def _check_every_schedule(kernels: dict, arch_name: str, sizes, timeout_s: float, dtype: torch.dtype) -> int:
     script_cls = kernels[arch_name]
-    built, total, results = check_every_schedule(script_cls, sizes, timeout_s)
-    failures = sum(not passes(err) for _, _, err in results)
-    rows = [["x".join(map(str, size)), schedule, f"{err:.2e}", "ok" if passes(err) else "WRONG"]
+    built, total, results = check_every_schedule(script_cls, sizes, timeout_s, dtype=dtype)
+    failures = sum(not passes(err, dtype) for _, _, err in results)
+    rows = [["x".join(map(str, size)), schedule, f"{err:.2e}", "ok" if passes(err, dtype) else "WRONG"]
             for size, schedule, err in results]
     print(_table(["size", "schedule", "rel. error", "result"], rows))
     print(f"{script_cls.__name__}: {built}/{total} schedules built, {failures} wrong results "
-          f"(tolerance {REL_ERR_TOL:g})")
+          f"(tolerance {REL_ERR_TOL[dtype]:g} for {dtype})")
     return 1 if failures or built < total else 0
 
 
@@ -126,8 +129,11 @@ METHOD = (f"burst: median of timed runs, each alone (CUDA events, L2 flushed, la
           "host us: CPU time per call queued with no sync behind a GPU spin; clock and power: NVML over the timed windows")
 
 
-def benchmark(versions: dict, sizes, repeat: int, timeout_s: float, peers=(), on_size=None) -> list[dict]:
+def benchmark(versions: dict, sizes, repeat: int, timeout_s: float, dtype: str = "fp16", peers=(),
+              on_size=None) -> list[dict]:
     """Check and time the versions (name -> (kernels, matmul)), any peers and cuBLAS at each size, in both regimes.
+
+    ``dtype`` ('fp16' or 'bf16') is that of A, B and C for every contender, cuBLAS included.
 
     Each version's first call at a size builds and tunes it (and checks it, into a NaN-poisoned
     output); then every contender is timed in both regimes in one process (``bench``). ``peers``
@@ -135,6 +141,7 @@ def benchmark(versions: dict, sizes, repeat: int, timeout_s: float, peers=(), on
     size's rows as they are measured.
     """
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False  # cuBLAS accumulates in fp32 too
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     arch = gpu_arch()
     copy_bytes_per_s = bench.copy_bandwidth()
     handle = bench.nvml_handle()
@@ -146,13 +153,15 @@ def benchmark(versions: dict, sizes, repeat: int, timeout_s: float, peers=(), on
                   f"{space_size(kernels[arch])} schedules (cached afterwards)...", flush=True)
         contenders = [Contender(name, matmul) for name, (_, matmul) in versions.items()]
         contenders += [peer(m, n, k) for peer in peers] + [CUBLAS]
-        records = bench.measure_size(contenders, m, n, k, seed, repeat, copy_bytes_per_s, handle, timeout_s)
-        common = {"gpu": torch.cuda.get_device_name(), "dtype": "fp16", "m": m, "n": n, "k": k,
+        records = bench.measure_size(contenders, m, n, k, seed, repeat, copy_bytes_per_s, handle, timeout_s,
+                                     DTYPE_NAMES[dtype])
+        common = {"gpu": torch.cuda.get_device_name(), "dtype": dtype, "m": m, "n": n, "k": k,
                   "tilus": tilus.__version__, "torch": torch.__version__, "date": datetime.date.today().isoformat()}
         size_rows = []
         for record in records:
             if record["version"] in versions:
-                record["config"] = format_schedule(chosen_schedule(versions[record["version"]][0][arch], m, n, k))
+                record["config"] = format_schedule(
+                    chosen_schedule(versions[record["version"]][0][arch], m, n, k, DTYPE_NAMES[dtype]))
             size_rows.append(common | {key: _text(value) for key, value in record.items()})
         rows += size_rows
         if on_size:
@@ -168,11 +177,12 @@ def _text(value) -> str:
 
 
 def print_rows(rows: list[dict]) -> None:
-    table = [["x".join(str(r[d]) for d in "mnk"), r.get("regime", "-"), r["version"], r.get("ms", "-"), r.get("tflops", "-"),
+    table = [["x".join(str(r[d]) for d in "mnk"), r["dtype"], r.get("regime", "-"), r["version"], r.get("ms", "-"), r.get("tflops", "-"),
               r.get("pct_of_cublas", "-"), r.get("host_us", "-"), r.get("sm_mhz", "-"), r.get("power_w", "-"),
               r.get("tflops_per_ghz", "-"), r.get("pct_of_bandwidth", "-"), r["rel_err"],
-              "ok" if passes(float(r["rel_err"] or "nan")) else "WRONG", r["config"]] for r in rows]
-    print(_table(["size", "regime", "version", "ms", "TFLOPS", "% of cuBLAS", "host us", "SM MHz", "W", "TFLOPS/GHz",
+              "ok" if passes(float(r["rel_err"] or "nan"), DTYPE_NAMES[r["dtype"]]) else "WRONG", r["config"]]
+             for r in rows]
+    print(_table(["size", "dtype", "regime", "version", "ms", "TFLOPS", "% of cuBLAS", "host us", "SM MHz", "W", "TFLOPS/GHz",
                   "% of copy BW", "rel. error", "result", "schedule"], table))
     print(METHOD)
 
@@ -189,9 +199,10 @@ def _key(row: dict) -> tuple:
     return row["version"], row["dtype"], row["regime"], int(row["m"]), int(row["n"]), int(row["k"])
 
 
-def save_rows(rows: list[dict], slug: str) -> Path:
-    """Merge rows into results/<slug>.csv, replacing earlier rows of the same version, dtype, regime and size."""
-    path = RESULTS_DIR / f"{slug}.csv"
+def save_rows(rows: list[dict], slug_or_path) -> Path:
+    """Merge rows into results/<slug>.csv (or a given path), replacing earlier rows of the same version, dtype,
+    regime and size."""
+    path = slug_or_path if isinstance(slug_or_path, Path) else RESULTS_DIR / f"{slug_or_path}.csv"
     new = [{field: "" for field in CSV_FIELDS} | row for row in rows]
     new_keys = {_key(row) for row in new}
     keep = [row for row in read_rows(path) if _key(row) not in new_keys] if path.exists() else []
@@ -208,29 +219,30 @@ def _run(version: str, kernels: dict, matmul, arch_name: str, args) -> int:
     script_cls = kernels[arch_name]
     gpu = torch.cuda.get_device_name()
     print(f"{version} on {gpu} ({ARCHS[arch_name].sm}, {script_cls.__name__}); "
-          f"reference: fp32 torch matmul, tolerance {REL_ERR_TOL:g} relative Frobenius error")
+          f"{args.dtype}; reference: fp32 torch matmul, tolerance {REL_ERR_TOL[DTYPE_NAMES[args.dtype]]:g} relative "
+          "Frobenius error")
     if args.check_only:
         return _check_only(version, script_cls, matmul, args)
     save = (lambda rows: save_rows(rows, gpu_slug(gpu))) if args.save else None
-    rows = benchmark({version: (kernels, matmul)}, args.sizes, args.repeat, args.timeout, on_size=save)
+    rows = benchmark({version: (kernels, matmul)}, args.sizes, args.repeat, args.timeout, args.dtype, on_size=save)
     print_rows(rows)
     if args.save:
         print(f"wrote {(RESULTS_DIR / f'{gpu_slug(gpu)}.csv').relative_to(REPO)}")
-    return 1 if any(not passes(float(r["rel_err"] or "nan")) for r in rows) else 0
+    return 1 if any(not passes(float(r["rel_err"] or "nan"), DTYPE_NAMES[args.dtype]) for r in rows) else 0
 
 
 def _check_only(version: str, script_cls, matmul, args) -> int:
-    results = []
+    results, dtype = [], DTYPE_NAMES[args.dtype]
     for seed, (m, n, k) in enumerate(args.sizes):
-        a, b, ref = random_inputs(m, n, k, seed)
-        out = torch.full((m, n), math.nan, dtype=torch.float16, device="cuda")
+        a, b, ref = random_inputs(m, n, k, seed, dtype)
+        out = torch.full((m, n), math.nan, dtype=dtype, device="cuda")
         print(f"{m}x{n}x{k}: first call at this size builds and autotunes "
               f"{space_size(script_cls)} schedules (cached afterwards)...", flush=True)
         matmul(a, b, out)
         sync_or_exit(f"{script_cls.__name__} at {m}x{n}x{k}", args.timeout)
         err = relative_error(out, ref)
-        results.append([f"{m}x{n}x{k}", f"{err:.2e}", "ok" if passes(err) else "WRONG",
-                        format_schedule(chosen_schedule(script_cls, m, n, k))])
+        results.append([f"{m}x{n}x{k}", f"{err:.2e}", "ok" if passes(err, dtype) else "WRONG",
+                        format_schedule(chosen_schedule(script_cls, m, n, k, dtype))])
     print(_table(["size", "rel. error", "result", "schedule"], results))
     return 1 if any(row[2] != "ok" for row in results) else 0
 
@@ -251,7 +263,7 @@ def main(version: str, kernels: dict, matmul, argv=None) -> int:
         parser.error(f"this GPU runs the {arch_name} kernel; --arch {args.arch} only works with --compile-only")
     try:
         if args.all_schedules:
-            return _check_every_schedule(kernels, arch_name, args.sizes, args.timeout)
+            return _check_every_schedule(kernels, arch_name, args.sizes, args.timeout, DTYPE_NAMES[args.dtype])
         return _run(version, kernels, matmul, arch_name, args)
     except RuntimeError as error:
         print(f"error: {error}", file=sys.stderr)

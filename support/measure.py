@@ -14,10 +14,13 @@ import time
 
 import torch
 
-# The output is fp16, so rounding it alone gives a relative Frobenius error of about
-# 2**-11 / sqrt(3) = 2.8e-4 (fp32 accumulation adds ~1e-6). 1e-3 leaves 3.5x headroom;
-# one wrong 128x128 tile of a 4096x4096 result already gives > 3e-2.
-REL_ERR_TOL = 1e-3
+# The reference is computed in fp32 from the same fp16/bf16 inputs, so the error is the
+# output's rounding: a relative Frobenius error of about u / sqrt(3) for unit roundoff u
+# (fp32 accumulation adds ~1e-6). fp16 keeps 11 significant bits: 2**-11 / sqrt(3) = 2.8e-4,
+# and 1e-3 leaves 3.5x headroom. bf16 keeps 8: 2**-8 / sqrt(3) = 2.3e-3, and 8e-3 leaves the
+# same headroom. One wrong 128x128 tile of a 4096x4096 result already gives > 3e-2.
+REL_ERR_TOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3}
+DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def sync_or_exit(what: str, timeout_s: float) -> None:
@@ -46,15 +49,15 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (torch.linalg.norm(out32 - ref) / torch.linalg.norm(ref)).item()
 
 
-def passes(err: float) -> bool:
-    return math.isfinite(err) and err <= REL_ERR_TOL
+def passes(err: float, dtype: torch.dtype = torch.float16) -> bool:
+    return math.isfinite(err) and err <= REL_ERR_TOL[dtype]
 
 
-def random_inputs(m: int, n: int, k: int, seed: int):
-    """Fresh random (never zero) fp16 inputs and the fp32 reference C = A @ B.T."""
+def random_inputs(m: int, n: int, k: int, seed: int, dtype: torch.dtype = torch.float16):
+    """Fresh random (never zero) fp16 or bf16 inputs and the fp32 reference C = A @ B.T."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    a = torch.randn((m, k), generator=gen, device="cuda", dtype=torch.float32).half()
-    b = torch.randn((n, k), generator=gen, device="cuda", dtype=torch.float32).half()
+    a = torch.randn((m, k), generator=gen, device="cuda", dtype=torch.float32).to(dtype)
+    b = torch.randn((n, k), generator=gen, device="cuda", dtype=torch.float32).to(dtype)
     torch.backends.cuda.matmul.allow_tf32 = False
     return a, b, a.float() @ b.float().T
 

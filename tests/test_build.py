@@ -2,14 +2,16 @@
 
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import tilus
 from conftest import ARCHS, STAGES, overlaps, shared_memory_map
 
-from support import cache, dispatch, gpu
+from support import build, cache, dispatch, gpu
 
 pytestmark = pytest.mark.parametrize("arch", ARCHS)
 
@@ -34,6 +36,30 @@ def test_tensor_core_instructions_no_local_memory_no_ptxas_warnings(built, stage
         # serialises wgmma (C7515) or drops setmaxnreg (C7508): each a silent slowdown
         assert (r.spill_bytes, r.stack_bytes) == (0, 0), f"{schedule}: {r.describe(gpu.ARCHS[arch])}"
         assert not r.ptxas_warnings, f"{schedule}: {r.ptxas_warnings}"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_bf16_builds_with_bf16_tensor_core_instructions(stage, arch):
+    # one kernel source per architecture, built for bf16 by its dtype argument. Every bf16
+    # schedule of the newest version, the first of each other: all of them would double CI's builds
+    kernel = importlib.import_module(stage).KERNELS[arch]
+    limit = None if stage == STAGES[-1] else 1
+    results = build.build_schedules(kernel, arch, progress=lambda line: None, script_kwargs={"dtype": tilus.bfloat16},
+                                    limit=limit)
+    assert len(results) == (dispatch.space_size(kernel) if limit is None else 1)
+    for r in results:
+        schedule = dispatch.format_schedule(r.schedule)
+        assert r.ok and r.mma_count > 0, f"{schedule}: {r.describe(gpu.ARCHS[arch])}"
+        assert (r.spill_bytes, r.stack_bytes, r.ptxas_warnings) == (0, 0, []), f"{schedule}: {r.describe(gpu.ARCHS[arch])}"
+        source = (r.module_dir / "source.cu").read_text()
+        assert "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16" in source and "CU_TENSOR_MAP_DATA_TYPE_FLOAT16" not in source
+        if arch == "hopper":
+            mmas = re.findall(r"wgmma\.mma_async\S*", (r.module_dir / "source.ptx").read_text())
+            assert mmas and all(mma.endswith(".f32.bf16.bf16") for mma in mmas), (schedule, set(mmas))
+        else:
+            # tcgen05's instruction descriptor (kind::f16): A's type in bits 7-9, B's in 10-12, bf16 = 1
+            descriptors = {int(d) for d in re.findall(r"kind_f16_a_shared\([^,]+, a_desc, b_desc, (\d+),", source)}
+            assert descriptors and all((d >> 7) & 7 == 1 and (d >> 10) & 7 == 1 for d in descriptors), descriptors
 
 
 def test_v5_register_split_keeps_setmaxnreg(arch):

@@ -28,6 +28,12 @@ def test_bad_size_is_a_usage_error(text):
     assert "Traceback" not in proc.stderr
 
 
+def test_unknown_dtype_is_a_usage_error():
+    proc = run_stage("matmul_v1", "--dtype", "fp32", "--check-only")
+    assert proc.returncode == 2
+    assert "argument --dtype: invalid choice: 'fp32'" in proc.stderr and "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("arch", sorted(gpu.ARCHS))
 def test_compile_only(stage, arch, built):

@@ -233,23 +233,24 @@ def run_together(commands: list[list[str]], env: dict, timeout: float, cwd=cache
 # ---------------------------------------------------------------- GPU: every schedule on random shapes
 
 
-def check_random_shapes(stage: str, seed: int, timeout_s: float) -> None:
+def check_random_shapes(stage: str, seed: int, timeout_s: float, dtype: str = "fp16") -> None:
     """Every compiled schedule of the stage's kernel for this GPU on every random shape of the seed."""
     script_cls = importlib.import_module(stage).KERNELS[gpu.gpu_arch()]
-    name = script_cls.__name__
+    name = f"{script_cls.__name__} ({dtype})"
     shapes = random_shapes(seed, tile_sizes(script_cls))
     print(f"{name}, seed {seed}: {' '.join(map(size_text, shapes))}", flush=True)
-    built, total, results = cli.check_every_schedule(script_cls, shapes, timeout_s, first_seed=seed)
+    torch_dtype = measure.DTYPE_NAMES[dtype]
+    built, total, results = cli.check_every_schedule(script_cls, shapes, timeout_s, first_seed=seed, dtype=torch_dtype)
     if built != total:
         print(f"FAIL {name}: only {built} of {total} schedules built", flush=True)
     failures = 0
     for (m, n, k), schedule, err in results:
-        if not measure.passes(err):
+        if not measure.passes(err, torch_dtype):
             failures += 1
             print(
                 f"FAIL {name} [{schedule}] at {m}x{n}x{k}: relative error {err:.2e} (seed {seed}); replay: "
                 f"MATMUL_RANDOM_SEED={seed} pytest tests/test_reliability.py -k 'random_shapes and {stage}', "
-                f"or python {stage}.py --all-schedules --sizes {m}x{n}x{k}",
+                f"or python {stage}.py --all-schedules --dtype {dtype} --sizes {m}x{n}x{k}",
                 flush=True,
             )
     print(
@@ -261,9 +262,12 @@ def check_random_shapes(stage: str, seed: int, timeout_s: float) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("stage", STAGES)
-def test_every_schedule_on_random_shapes(stage):
-    output = run_check("check_random_shapes", stage, SEED, 60.0, timeout=1800).stdout
+def test_every_schedule_on_random_shapes(stage, dtype):
+    # bf16 draws its own shapes (the next seed): together the two dtypes cover twice as many
+    seed = SEED + (dtype == "bf16")
+    output = run_check("check_random_shapes", stage, seed, 60.0, dtype, timeout=1800).stdout
     (result,) = [line for line in output.splitlines() if line.startswith("RESULT ")]
     schedules, shapes, launches, failures = map(
         int, re.search(r"(\d+) schedules x (\d+) shapes = (\d+) launches, (\d+) failures", result).groups()
@@ -695,7 +699,7 @@ def test_a_cache_directory_is_checked_once_per_process(tmp_path, monkeypatch, ca
         assert not table.exists()
         assert f"cache: discarded {table} (unreadable" in capsys.readouterr().err
         table.write_bytes(b"garbage")
-        cache.use_cache(kernel, "some-gpu")  # every launch calls use_cache: the check runs on the first only
+        cache.use_cache(kernel, "some-gpu")  # every first call of a bucket calls use_cache: the check runs once
         assert table.exists()
     finally:
         tilus.option.cache_dir(previous)

@@ -46,7 +46,7 @@ from support.bench import Contender  # noqa: E402
 REPO = cache.REPO
 FIGURES = REPO / "docs" / "figures"
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-BLOCK = re.compile(r"(<!-- (results|launch) (\S+) (\S+) -->\n)(.*?)(<!-- /\2 -->)", re.S)
+BLOCK = re.compile(r"(<!-- (results|launch|dtypes) (\S+) (\S+)(?: (fp16|bf16))? -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
 # one or two shapes of each class a version is judged on (M x N x K; C = A @ B.T)
@@ -151,9 +151,9 @@ def _cell(row: dict | None, version: str) -> str:
     return value + ("" if decode else " TFLOPS") + share + clock
 
 
-def _comparison_table(rows: list[dict], versions: list[str], regime: str) -> list[str]:
-    sizes = _class_sizes(rows)
-    by_key = {(r["version"], _size(r)): r for r in _timed(rows, regime)}
+def _comparison_table(rows: list[dict], versions: list[str], regime: str, dtype: str) -> list[str]:
+    sizes = _class_sizes(_timed(rows, regime, dtype))
+    by_key = {(r["version"], _size(r)): r for r in _timed(rows, regime, dtype)}
     names = [_label(v) for v in [*versions, "cublas"]]
     lines = [f"**{regime}**: {REGIMES[regime]}", "", "| class | size | " + " | ".join(names) + " |",
              "|---|---|" + "---|" * len(names)]
@@ -163,11 +163,11 @@ def _comparison_table(rows: list[dict], versions: list[str], regime: str) -> lis
     return lines + [""]
 
 
-def _host_line(rows: list[dict], versions: list[str]) -> list[str]:
+def _host_line(rows: list[dict], versions: list[str], dtype: str) -> list[str]:
     """Host µs per call of each entry point: the median over the measured sizes, and the range."""
     cells = []
     for version in [*versions, "cublas"]:
-        values = sorted(float(r["host_us"]) for r in _timed(rows, "back-to-back") if r["version"] == version
+        values = sorted(float(r["host_us"]) for r in _timed(rows, "back-to-back", dtype) if r["version"] == version
                         and r["host_us"])
         if values:
             cells.append(f"{statistics.median(values):.1f} ({values[0]:.1f}-{values[-1]:.1f})")
@@ -178,11 +178,11 @@ def _host_line(rows: list[dict], versions: list[str]) -> list[str]:
             "| " + " | ".join(names) + " |", "|" + "---|" * len(names), "| " + " | ".join(cells) + " |", ""]
 
 
-def _single_version_table(rows: list[dict], version: str) -> list[str]:
+def _single_version_table(rows: list[dict], version: str, dtype: str) -> list[str]:
     """One version in both regimes, with the clock, power and per-clock efficiency of each measurement."""
     lines = ["| class | size | regime | TFLOPS | % of cuBLAS | host µs | SM MHz | W | TFLOPS/GHz (% of peak) | "
              "TB/s (% of copy) | rel. error | schedule chosen |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    by_key = {(r["regime"], _size(r)): r for r in rows if r["version"] == version and r["dtype"] == "fp16" and r["ms"]}
+    by_key = {(r["regime"], _size(r)): r for r in rows if r["version"] == version and r["dtype"] == dtype and r["ms"]}
     for size in _class_sizes(rows):
         for regime in REGIMES:
             row = by_key.get((regime, size))
@@ -204,13 +204,14 @@ def _number(text: str, digits: int) -> str:
     return f"{float(text):.{digits}f}" if text else "-"
 
 
-def results_table(rows: list[dict], versions: list[str]) -> str:
-    """Markdown tables of the versions' results in both regimes, cuBLAS last; one version gets its own detail."""
+def results_table(rows: list[dict], versions: list[str], dtype: str = "fp16") -> str:
+    """Markdown tables of the versions' results in one dtype, both regimes, cuBLAS last; one version gets its own detail."""
+    rows = [r for r in rows if r["dtype"] == dtype]
     if len(versions) == 1:
-        lines = _single_version_table(rows, versions[0])
+        lines = _single_version_table(rows, versions[0], dtype)
     else:
-        lines = [*_comparison_table(rows, versions, "back-to-back"), *_comparison_table(rows, versions, "burst"),
-                 *_host_line(rows, versions)]
+        lines = [*_comparison_table(rows, versions, "back-to-back", dtype),
+                 *_comparison_table(rows, versions, "burst", dtype), *_host_line(rows, versions, dtype)]
         lines.append("Each cell: TFLOPS, or for decode shapes the bytes of A, B and C over the time, with the % of "
                      "cuBLAS timed in the same run; the cuBLAS column gives its mean SM clock over its timed windows "
                      "and, for decode, its share of a device-to-device copy measured in the same run.")
@@ -219,7 +220,7 @@ def results_table(rows: list[dict], versions: list[str]) -> str:
     copy = _copy_tb_per_s(rows)
     lines.append("")
     lines.append(
-        f"{', '.join(gpus)}; fp16 in, fp32 accumulate; {cli.METHOD}"
+        f"{', '.join(gpus)}; {dtype} in and out, fp32 accumulate, cuBLAS in {dtype}; {cli.METHOD}"
         + (f"; copy bandwidth {copy:.2f} TB/s" if copy else "")
         + f"; measured {dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "")
         + f" with tilus {rows[0]['tilus']}, torch {rows[0]['torch']}."
@@ -254,6 +255,23 @@ def launch_table(rows: list[dict], version: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def dtype_table(rows: list[dict], version: str) -> str:
+    """A version's % of cuBLAS in fp16 and in bf16 (cuBLAS in the same dtype), shape by shape, both regimes."""
+    by_key = {(r["dtype"], r["regime"], _size(r)): r for r in rows if r["version"] == version and r["ms"]}
+    lines = [f"| class | size | regime | {version} fp16: % of cuBLAS | {version} bf16: % of cuBLAS | bf16 - fp16 |",
+             "|---|---|---|---|---|---|"]
+    for size in _class_sizes(rows):
+        for regime in REGIMES:
+            fp16, bf16 = by_key.get(("fp16", regime, size)), by_key.get(("bf16", regime, size))
+            if fp16 and bf16:
+                a, b = float(fp16["pct_of_cublas"]), float(bf16["pct_of_cublas"])
+                lines.append(f"| {shape_class(*_dims(size))} | {size} | {regime} | {a:.1f} | {b:.1f} | {b - a:+.1f} |")
+    dates = sorted({r["date"] for r in rows})
+    lines += ["", f"{rows[0]['gpu']}; both dtypes in one run ({', '.join(dates)}), each against cuBLAS in its own "
+              f"dtype; {cli.METHOD}."]
+    return "\n".join(lines) + "\n"
+
+
 def update_documents(csv_dir: Path = cli.RESULTS_DIR, documents: list[Path] = DOCUMENTS) -> list[Path]:
     """Rewrite each results block from results/<gpu>.csv; return the documents that changed."""
     changed = []
@@ -261,10 +279,11 @@ def update_documents(csv_dir: Path = cli.RESULTS_DIR, documents: list[Path] = DO
         text = document.read_text()
 
         def render(match):
-            kind, slug, versions = match.group(2), match.group(3), match.group(4).split(",")
+            kind, slug, versions, dtype = match.group(2), match.group(3), match.group(4).split(","), match.group(5)
             rows = read_rows(csv_dir / f"{slug}.csv")
-            table = results_table(rows, versions) if kind == "results" else launch_table(rows, versions[0])
-            return match.group(1) + table + match.group(6)
+            table = {"results": lambda: results_table(rows, versions, dtype or "fp16"),
+                     "launch": lambda: launch_table(rows, versions[0]), "dtypes": lambda: dtype_table(rows, versions[0])}[kind]()
+            return match.group(1) + table + match.group(7)
 
         updated = BLOCK.sub(render, text)
         if updated != text:
@@ -327,7 +346,9 @@ def _bars(ax, rows: list[dict], sizes: list[str], slug: str) -> None:
 
 
 def plot(rows: list[dict], slug: str, out_dir: Path = FIGURES) -> list[Path]:
-    """perf_<slug>: every class shape; sizes_<slug>: square sizes; classes_<slug>: a panel per class (both regimes)."""
+    """perf_<slug>: every class shape (both regimes); sizes_<slug>: square sizes; classes_<slug>: a panel per class,
+    and classes_bf16_<slug> for bf16 where measured."""
+    bf16 = [r for r in rows if r["dtype"] == "bf16" and r["ms"]]
     rows = [r for r in rows if r["dtype"] == "fp16" and r["ms"]]
     gpu_name = rows[0]["gpu"]
     plt.rcParams["svg.hashsalt"] = "tilus-gemm-tutorial"
@@ -366,8 +387,16 @@ def plot(rows: list[dict], slug: str, out_dir: Path = FIGURES) -> list[Path]:
     fig.suptitle(f"Square fp16 GEMMs on {gpu_name}", fontsize=9)
     paths += _save(fig, out_dir, f"sizes_{slug}")
 
+    paths += _classes_figure(rows, slug, out_dir, "fp16")
+    if bf16:
+        paths += _classes_figure(bf16, slug, out_dir, "bf16")
+    return paths
+
+
+def _classes_figure(rows: list[dict], slug: str, out_dir: Path, dtype: str) -> list[Path]:
+    """A panel per compute-bound class, decode below against the copy bandwidth; back-to-back where measured."""
     sizes = _class_sizes(rows)
-    timed = _timed(rows, "back-to-back") or _timed(rows, "burst")
+    timed = _timed(rows, "back-to-back", dtype) or _timed(rows, "burst", dtype)
     classes = [c for c in CLASS_ORDER if c != "decode" and any(shape_class(*_dims(size)) == c for size in sizes)]
     decode = [size for size in sizes if shape_class(*_dims(size)) == "decode"]
     fig = plt.figure(figsize=(3.6 * max(len(classes), 3), 3.6 * (1 + bool(decode))))
@@ -382,9 +411,9 @@ def plot(rows: list[dict], slug: str, out_dir: Path = FIGURES) -> list[Path]:
         ax = fig.add_subplot(grid[1, :])
         _bars(ax, timed, decode, slug)
         ax.set_title("decode (memory-bound: bytes of A, B and C over the time, against a copy)", fontsize=9)
-    fig.suptitle(f"Each shape class on {gpu_name}, {timed[0]['regime']} (labels: % of cuBLAS, same run)", fontsize=9)
-    paths += _save(fig, out_dir, f"classes_{slug}")
-    return paths
+    fig.suptitle(f"{dtype} GEMM, each shape class on {timed[0]['gpu']}, {timed[0]['regime']} (labels: % of cuBLAS "
+                 f"in {dtype}, same run)", fontsize=9)
+    return _save(fig, out_dir, "classes_" + ("" if dtype == "fp16" else f"{dtype}_") + slug)
 
 
 def peer_contender(m: int, n: int, k: int) -> Contender:
@@ -400,20 +429,24 @@ def peer_contender(m: int, n: int, k: int) -> Contender:
     return Contender(PEER, lambda a, b, out: compiled(a, b), PEER_CONFIG)
 
 
-def benchmark(sizes: list[str], peer: bool, repeat: int = 50) -> Path:
-    """Time every version, the peer if asked, and cuBLAS at each size in both regimes; rows to results/<gpu>.csv."""
+def benchmark(sizes: list[str], peer: bool, dtype: str = "fp16", names: list[str] | None = None,
+              out: Path | None = None, repeat: int = 50) -> Path:
+    """Time the versions (all, or ``names``), the peer if asked, and cuBLAS at each size in both regimes, in
+    one dtype; rows to results/<gpu>.csv (or ``out``)."""
     versions = {}
     for name in versions_on_disk():
-        module = importlib.import_module(name)
-        versions[name.removeprefix("matmul_")] = (module.KERNELS, module.matmul)
-    slug = gpu.gpu_label()
-    rows = cli.benchmark(versions, [cli.parse_size(size) for size in sizes], repeat, 60.0,
+        if names is None or name.removeprefix("matmul_") in names:
+            module = importlib.import_module(name)
+            versions[name.removeprefix("matmul_")] = (module.KERNELS, module.matmul)
+    path = out or cli.RESULTS_DIR / f"{gpu.gpu_label()}.csv"
+    rows = cli.benchmark(versions, [cli.parse_size(size) for size in sizes], repeat, 60.0, dtype,
                          peers=[peer_contender] if peer else [],
-                         on_size=lambda size_rows: cli.print_rows(size_rows) or cli.save_rows(size_rows, slug))
-    wrong = sorted({f"{r['version']} at {_size(r)}" for r in rows if not measure.passes(float(r["rel_err"] or "nan"))})
+                         on_size=lambda size_rows: cli.print_rows(size_rows) or cli.save_rows(size_rows, path))
+    wrong = sorted({f"{r['version']} at {_size(r)}" for r in rows
+                    if not measure.passes(float(r["rel_err"] or "nan"), measure.DTYPE_NAMES[dtype])})
     if wrong:
         raise SystemExit(f"not plotted: wrong results from {', '.join(wrong)}")
-    return cli.RESULTS_DIR / f"{slug}.csv"
+    return path
 
 
 def main(argv=None) -> int:
@@ -423,6 +456,11 @@ def main(argv=None) -> int:
                         help="sizes to benchmark (N or MxNxK); default: one or two of each shape class and "
                              "square sizes from 512 to 16384")
     parser.add_argument("--peer", action="store_true", help="also time the Triton GEMM torch.compile reaches")
+    parser.add_argument("--dtype", choices=["fp16", "bf16", "both"], default="both",
+                        help="fp16: every version at every size; bf16: the last two versions at the class sizes "
+                             "(or --sizes and --versions); default: both")
+    parser.add_argument("--versions", nargs="+", metavar="VN", help="time only these versions (e.g. v4 v5)")
+    parser.add_argument("--out", type=Path, help="with --csv-only: write the rows to this CSV, not results/<gpu>.csv")
     parser.add_argument("--csv-only", action="store_true",
                         help="benchmark and write results/<gpu>.csv only (re-plot later with --from)")
     parser.add_argument("--ablation", action="store_true",
@@ -438,7 +476,12 @@ def main(argv=None) -> int:
     if not sources:
         try:
             gpu.gpu_arch()
-            sources = [benchmark(args.sizes, args.peer)]
+            if args.dtype in ("fp16", "both"):
+                sources = [benchmark(args.sizes, args.peer, "fp16", args.versions, args.out)]
+            if args.dtype in ("bf16", "both"):
+                last_two = [name.removeprefix("matmul_") for name in versions_on_disk()[-2:]]
+                sizes = args.sizes if args.sizes is not BENCHMARK_SIZES else CLASS_SIZES
+                sources = [benchmark(sizes, args.peer, "bf16", args.versions or last_two, args.out)]
             if args.csv_only:
                 return 0
         except gpu.UnsupportedGPUError as reason:

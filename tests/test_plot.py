@@ -111,3 +111,23 @@ def test_shape_classes():
                                                  (4096, 4096, 4096), (4096, 14336, 4096), (16384, 1024, 4096)]] == [
         "decode", "decode", "skinny", "square", "LLM-like", "few tiles"]
     assert sum(plot.shape_class(*cli.parse_size(size)) == "decode" for size in plot.CLASS_SIZES) == 9
+
+
+def test_bf16_tables_and_the_dtype_comparison(tmp_path):
+    bf16 = [row | {"dtype": "bf16", "pct_of_cublas": f"{float(row['pct_of_cublas']) - 1:.1f}"} for row in ROWS
+            if row["version"] != "cublas"] + [row | {"dtype": "bf16"} for row in ROWS if row["version"] == "cublas"]
+    source = tmp_path / "h100.csv"
+    write_fixture(source, ROWS + bf16)
+    rows = plot.read_rows(source)
+    table = plot.results_table(rows, ["v1"], "bf16")
+    assert "| square | 4096x4096x4096 | burst | 458.1 | 59.0 |" in table and "bf16 in and out" in table
+    assert "| square | 4096x4096x4096 | burst | 458.1 | 60.0 |" in plot.results_table(rows, ["v1"])  # fp16 by default
+    comparison = plot.dtype_table(rows, "v1")
+    assert "| square | 4096x4096x4096 | back-to-back | 61.3 | 60.3 | -1.0 |" in comparison
+    assert "| decode | 1x4096x4096 | back-to-back | 50.0 | 49.0 | -1.0 |" in comparison
+    doc = tmp_path / "page.md"
+    doc.write_text("<!-- results h100 v1 bf16 -->\n<!-- /results -->\n<!-- dtypes h100 v1 -->\n<!-- /dtypes -->\n")
+    plot.update_documents(csv_dir=tmp_path, documents=[doc])
+    assert "| 59.0 |" in doc.read_text() and "| -1.0 |" in doc.read_text()
+    paths = plot.plot(rows, "h100", out_dir=tmp_path)
+    assert [p.name for p in paths][-2:] == ["classes_bf16_h100.svg", "classes_bf16_h100.png"]

@@ -40,7 +40,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from support import cache, cli, gpu, measure  # noqa: E402
+from support import cache, cli, gpu  # noqa: E402
 from support.bench import Contender  # noqa: E402
 
 REPO = cache.REPO
@@ -442,8 +442,7 @@ def benchmark(sizes: list[str], peer: bool, dtype: str = "fp16", names: list[str
     rows = cli.benchmark(versions, [cli.parse_size(size) for size in sizes], repeat, 60.0, dtype,
                          peers=[peer_contender] if peer else [],
                          on_size=lambda size_rows: cli.print_rows(size_rows) or cli.save_rows(size_rows, path))
-    wrong = sorted({f"{r['version']} at {_size(r)}" for r in rows
-                    if not measure.passes(float(r["rel_err"] or "nan"), measure.DTYPE_NAMES[dtype])})
+    wrong = sorted({f"{r['version']} at {_size(r)}" for r in rows if not cli.row_passes(r)})
     if wrong:
         raise SystemExit(f"not plotted: wrong results from {', '.join(wrong)}")
     return path

@@ -49,6 +49,7 @@ class Device:
 TILUS_DTYPES = {torch.float16: tilus.float16, torch.bfloat16: tilus.bfloat16}
 
 _devices: dict[int, Device] = {}
+_one_gpu = False  # one visible GPU: it is always the current device, and run() need not ask
 # (kernel class, dtype, device index, M, N, K bucket) -> (compiled launch function, kernel arguments after C)
 _by_bucket: dict[tuple, tuple] = {}
 # the same launchers by exact size, (id of a version's KERNELS, dtype, device index, M, N, K): one dict
@@ -59,8 +60,10 @@ BY_SIZE_LIMIT = 4096
 
 def device(index: int) -> Device:
     """The GPU facts for device ``index``, looked up on its first use (UnsupportedGPUError if it cannot run these kernels)."""
+    global _one_gpu
     found = _devices.get(index)
     if found is None:
+        _one_gpu = torch.cuda.device_count() == 1
         found = Device(index, gpu_arch(index), gpu_label(index), torch.cuda.get_device_properties(index).multi_processor_count)
         _devices[index] = found
     return found
@@ -90,7 +93,7 @@ def launch(kernels: dict, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | 
 
 def run(launcher: tuple, index: int, m: int, n: int, k: int, a, b, out) -> None:
     func, extra = launcher
-    if index == torch.cuda.current_device():
+    if _one_gpu or index == torch.cuda.current_device():
         func(m, n, k, a, b, out, *extra)
     else:  # tilus launches on the current stream of the current device
         with torch.cuda.device(index):

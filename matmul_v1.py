@@ -1,12 +1,12 @@
 """v1: one warp (Blackwell) or one warpgroup (Hopper) loads a tile, waits, multiplies, waits.
 
-C = A @ B.T with A (M x K), B (N x K), C (M x N) in fp16 and fp32 accumulation. Each
-thread block owns one block_m x block_n tile of C and walks K in steps of block_k:
+C = A @ B.T with A (M x K), B (N x K), C (M x N) all fp16 or all bf16, and fp32
+accumulation. Each thread block owns one block_m x block_n tile of C and walks K in steps of block_k:
 
     TMA load A[block_m, block_k] and B[block_n, block_k] into shared memory
     wait on an mbarrier until the TMA engine reports all bytes arrived
     tensor-core MMA into the accumulator, and wait for it to finish
-    (repeat), then the epilogue writes the accumulator to C as fp16
+    (repeat), then the epilogue writes the accumulator to C in C's dtype
 
 Nothing overlaps inside a block: while the TMA engine fetches, the tensor cores idle, and
 while they multiply, no load is in flight. The arithmetic for block 128 x 128 x 64:
@@ -20,17 +20,19 @@ while they multiply, no load is in flight. The arithmetic for block 128 x 128 x 
 
 so one block alone keeps its SM's tensor cores busy about a fifth of the time: 512 /
 (1800 + 512) = ~22%. What v1 gets beyond that comes from several blocks sharing an SM and
-taking turns: 32 KiB of shared memory per block would allow 7, but the Hopper accumulator
-(128 x 128 fp32 over 128 threads = 128 registers per thread) limits residency to about 3.
+taking turns: 32 KiB of shared memory per block (33 KiB with the 1 KiB the driver reserves
+per block) would allow 6 in 228 KiB, but the Hopper accumulator (128 x 128 fp32 over 128
+threads = 128 registers per thread) limits residency to about 3.
 v2 overlaps loads and MMAs inside one block.
 
 Hopper and Blackwell differ in where the accumulator lives: wgmma accumulates in the
 registers of the issuing warpgroup, tcgen05.mma in tensor memory (TMEM), which a single
 thread issues for and which the epilogue copies out through registers.
 
-Constraints (checked by support/checks.py): fp16, contiguous, K and N multiples of 8
-(TMA needs 16-byte row strides); any M, N, K otherwise: TMA fills out-of-range reads with
-zeros and drops out-of-range writes, so ragged edges need no special code.
+Constraints (checked by support/checks.py): fp16 or bf16, one dtype for A, B and C,
+contiguous, K and N multiples of 8 (TMA needs 16-byte row strides); any M, N, K
+otherwise: TMA fills out-of-range reads with zeros and drops out-of-range writes, so
+ragged edges need no special code.
 
 Run: python matmul_v1.py [--sizes 4096 8192 1000x1016x1024] [--check-only] [--compile-only]
 """
@@ -39,7 +41,7 @@ import sys
 
 import tilus
 import torch
-from tilus import DataType, float16, float32, int32, uint32, void_p
+from tilus import DataType, RegisterTensor, float16, float32, int32, uint32, void_p
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
@@ -47,7 +49,7 @@ import support
 
 
 # block_m = 128: the tcgen05.mma shape for one CTA; block_n up to 256 (TMEM columns used).
-# block_k: 64 fp16 = 128 B is the widest row TMA's 128-byte swizzle allows; 32 halves the
+# block_k: 64 x 2 B = 128 B is the widest row TMA's 128-byte swizzle allows; 32 halves the
 # wait per step at twice the number of steps. e_block_n: the epilogue's shared staging tile.
 @tilus.autotune("block_m, block_n, e_block_n", [[128, 64, 32], [128, 128, 32], [128, 256, 32]])
 @tilus.autotune("block_k", [32, 64])
@@ -76,12 +78,13 @@ class BlackwellMatmulV1(tilus.Script):
         offset_m: int32 = self.block_m * self.blockIdx.x
         offset_n: int32 = self.block_n * self.blockIdx.y
 
-        # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
-        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_k])
-        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.block_n, self.block_k])
-        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+        # 2. operands: global views, shared tiles, the accumulator, kept on self, where the
+        # epilogue (a method of its own) finds them
+        self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_k])
+        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.block_n, self.block_k])
+        self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
         # 3. barriers
         # one barrier for "the TMA bytes arrived", one for "the MMA finished"
@@ -93,38 +96,41 @@ class BlackwellMatmulV1(tilus.Script):
         for offset_k in self.range(0, k_size, self.block_k):
             with self.single_warp():
                 with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(tma_barrier, transaction_bytes=s_a.nbytes + s_b.nbytes)
-                self.tma.global_to_shared(src=g_a, dst=s_a, offsets=[offset_m, offset_k], mbarrier=tma_barrier)
-                self.tma.global_to_shared(src=g_b, dst=s_b, offsets=[offset_n, offset_k], mbarrier=tma_barrier)
+                    self.mbarrier.arrive_and_expect_tx(tma_barrier, transaction_bytes=self.s_a.nbytes + self.s_b.nbytes)
+                self.tma.global_to_shared(src=self.g_a, dst=self.s_a, offsets=[offset_m, offset_k], mbarrier=tma_barrier)
+                self.tma.global_to_shared(src=self.g_b, dst=self.s_b, offsets=[offset_n, offset_k], mbarrier=tma_barrier)
                 self.mbarrier.wait(tma_barrier, phase=phase)
 
                 # the first step overwrites TMEM, which starts with garbage
-                self.tcgen05.mma(s_a, s_b.transpose(), t_acc, enable_input_d=offset_k != 0)
+                self.tcgen05.mma(self.s_a, self.s_b.transpose(), self.t_acc, enable_input_d=offset_k != 0)
                 self.tcgen05.commit(mbarrier=mma_barrier)
                 self.mbarrier.wait(mma_barrier, phase=phase)
             self.sync()
             phase ^= 1
 
-        # 5. epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
+        # 5. epilogue
+        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
+        self.epilogue(offset_m, offset_n)
+        self.tcgen05.dealloc(self.t_acc)
+
+    def epilogue(self, offset_m: int32, offset_n: int32):
+        """TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time, by all 4 warps."""
         for e_offset_n in range(0, self.block_n, self.e_block_n):
             t_acc_slice = self.tcgen05.slice(
-                t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
+                self.t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
             )
             r_acc = self.tcgen05.load(t_acc_slice)
             self.tcgen05.wait_load()
-            self.store_shared(s_c, r_acc.to(self.dtype))
+            self.store_shared(self.s_c, r_acc.to(self.dtype))
             # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
             self.fence.proxy_async(space="shared")
             self.sync()
             with self.single_warp():
-                self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n + e_offset_n], dims=[0, 1])
+                self.tma.shared_to_global(self.s_c, self.g_c, offsets=[offset_m, offset_n + e_offset_n], dims=[0, 1])
                 self.tma.commit_group()
                 self.tma.wait_group(n=0, read=True)  # s_c is rewritten next iteration
             self.sync()
-
-        self.tcgen05.dealloc(t_acc)
 
 
 # The accumulator takes block_m * block_n / 128 fp32 registers per thread: 128 x 256 would
@@ -156,10 +162,10 @@ class HopperMatmulV1(tilus.Script):
         offset_n: int32 = self.block_n * self.blockIdx.y
 
         # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
-        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_k])
-        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.block_n, self.block_k])
+        self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_k])
+        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.block_n, self.block_k])
         acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
 
         # 3. barriers
@@ -170,31 +176,35 @@ class HopperMatmulV1(tilus.Script):
         for offset_k in self.range(0, k_size, self.block_k):
             with self.single_warp():
                 with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(tma_barrier, transaction_bytes=s_a.nbytes + s_b.nbytes)
-                self.tma.global_to_shared(src=g_a, dst=s_a, offsets=[offset_m, offset_k], mbarrier=tma_barrier)
-                self.tma.global_to_shared(src=g_b, dst=s_b, offsets=[offset_n, offset_k], mbarrier=tma_barrier)
+                    self.mbarrier.arrive_and_expect_tx(tma_barrier, transaction_bytes=self.s_a.nbytes + self.s_b.nbytes)
+                self.tma.global_to_shared(src=self.g_a, dst=self.s_a, offsets=[offset_m, offset_k], mbarrier=tma_barrier)
+                self.tma.global_to_shared(src=self.g_b, dst=self.s_b, offsets=[offset_n, offset_k], mbarrier=tma_barrier)
             self.mbarrier.wait(tma_barrier, phase=phase)
 
             self.wgmma.fence()
-            self.wgmma.mma(s_a, s_b.transpose(), acc)
+            self.wgmma.mma(self.s_a, self.s_b.transpose(), acc)
             self.wgmma.commit_group()
             self.wgmma.wait_group(0)  # the next load overwrites s_a and s_b
             self.sync()
             phase ^= 1
 
-        # 5. epilogue: registers -> shared -> global (TMA), as on Blackwell; the output tile
-        # reuses the operand tiles' shared memory, which no MMA or load touches any more
-        self.free_shared(s_a)
-        self.free_shared(s_b)
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        # 5. epilogue: the output tile reuses the operand tiles' shared memory, which nothing reads now
+        self.free_shared(self.s_a)
+        self.free_shared(self.s_b)
+        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        self.epilogue(acc, offset_m, offset_n)
+
+    def epilogue(self, acc: RegisterTensor, offset_m: int32, offset_n: int32):
+        """Registers -> shared -> global (TMA), as on Blackwell, the whole tile at once."""
         s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
         # row-major, unswizzled: one TMA box for the whole tile (a 128-byte swizzle caps a box at 64 columns)
         self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
         self.store_shared(s_c, acc.to(self.dtype))
+        # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
         self.fence.proxy_async(space="shared")
         self.sync()
         with self.single_warp():
-            self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n], dims=[0, 1])
+            self.tma.shared_to_global(s_c, self.g_c, offsets=[offset_m, offset_n], dims=[0, 1])
             self.tma.commit_group()
             self.tma.wait_group(n=0, read=True)  # s_c must outlive the TMA engine's read of it
 
@@ -203,7 +213,9 @@ KERNELS = {"blackwell": BlackwellMatmulV1, "hopper": HopperMatmulV1}
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """C = A @ B.T for fp16 A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+    """C = A @ B.T for A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+
+    A, B and C are all fp16 or all bf16.
 
     Raises TypeError/ValueError naming the rule for input the kernels cannot take.
     """

@@ -16,8 +16,10 @@ The two GPUs differ in when a slot is free again:
 - Blackwell: one warp issues everything; after each tcgen05.mma it commits to an mbarrier
   and waits for it, so at most one MMA is in flight and the slot it read is free at once.
 - Hopper: the warpgroup keeps one wgmma group in flight: after committing step i it waits
-  (wait_group(1)) only for step i - 1, then refills that slot. Every warp of the group has
-  to have finished step i - 1, so a block-wide barrier comes before the refill.
+  (wait_group(1)) only for step i - 1, then refills that slot. A wgmma is one operation of
+  the whole warpgroup, so when wait_group returns in the refilling warp, step i - 1 has
+  finished reading its slot for all four warps: no barrier is needed (docs/v0.md, "When is
+  a slot free?").
 
 Shared-memory budget (227 KiB per block) for block_k = 64:
 
@@ -33,7 +35,8 @@ loading while one is multiplied: one block on its own would need a ring of about
 (docs/timeline.py models both kernels); with fewer, other blocks on the SM fill the gaps.
 
 What remains: on Blackwell the single warp still waits for each MMA before the next; on
-Hopper the same warps that multiply also issue the loads and meet at a barrier every step.
+Hopper the same warps that multiply also issue the loads, so a load is issued only between
+two MMAs.
 v3 gives loading and multiplying to different warps.
 
 Constraints as in v1. Run: python matmul_v2.py [--sizes ...] [--check-only] [--compile-only]
@@ -43,7 +46,7 @@ import sys
 
 import tilus
 import torch
-from tilus import DataType, float16, float32, int32, uint32, void_p
+from tilus import DataType, RegisterTensor, float16, float32, int32, uint32, void_p
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
@@ -51,7 +54,7 @@ import support
 
 
 # block_m = 128: the tcgen05.mma shape for one CTA; block_n up to 256 (TMEM columns used).
-# block_k = 64 fp16 = 128 B, the widest row TMA's 128-byte swizzle allows.
+# block_k = 64 x 2 B = 128 B, the widest row TMA's 128-byte swizzle allows.
 # stages: 2..4 slots; 4 x 48 KiB is the most the 128 x 256 tile fits.
 @tilus.autotune("block_m, block_n, e_block_n", [[128, 64, 32], [128, 128, 32], [128, 256, 32]])
 @tilus.autotune("block_k", [64])
@@ -84,15 +87,15 @@ class BlackwellMatmulV2(tilus.Script):
         offset_n: int32 = self.block_n * self.blockIdx.y
 
         # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
-        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
-        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
-        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+        self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
+        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
         # 3. barriers
         # one "the TMA bytes arrived" barrier per slot, one "the MMA finished" barrier
-        full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)
+        self.full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)
         mma_barrier = self.mbarrier.alloc(counts=[1])
         self.sync()
 
@@ -100,25 +103,16 @@ class BlackwellMatmulV2(tilus.Script):
         with self.single_warp():
             for s in range(self.stages):
                 if s * self.block_k < k_size:
-                    with self.single_thread():
-                        self.mbarrier.arrive_and_expect_tx(
-                            full_barriers[s], transaction_bytes=s_a[s].nbytes + s_b[s].nbytes
-                        )
-                    self.tma.global_to_shared(
-                        src=g_a, dst=s_a[s], offsets=[offset_m, s * self.block_k], mbarrier=full_barriers[s]
-                    )
-                    self.tma.global_to_shared(
-                        src=g_b, dst=s_b[s], offsets=[offset_n, s * self.block_k], mbarrier=full_barriers[s]
-                    )
+                    self.load_step(s, offset_m, offset_n, s * self.block_k)
 
             stage: int32 = 0
             phase: uint32 = 0  # flips each time stage wraps: the barriers alternate phases per trip
             mma_phase: uint32 = 0
             for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
-                self.mbarrier.wait(full_barriers[stage], phase=phase)
+                self.mbarrier.wait(self.full_barriers[stage], phase=phase)
 
                 # the first step overwrites TMEM, which starts with garbage
-                self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=offset_k != 0)
+                self.tcgen05.mma(self.s_a[stage], self.s_b[stage].transpose(), self.t_acc, enable_input_d=offset_k != 0)
                 self.tcgen05.commit(mbarrier=mma_barrier)
                 self.mbarrier.wait(mma_barrier, phase=mma_phase)
                 mma_phase ^= 1
@@ -126,40 +120,47 @@ class BlackwellMatmulV2(tilus.Script):
                 # the MMA is done with this slot: refill it with the step `stages` ahead
                 refill_k = offset_k + self.stages * self.block_k
                 if refill_k < k_size:
-                    with self.single_thread():
-                        self.mbarrier.arrive_and_expect_tx(
-                            full_barriers[stage], transaction_bytes=s_a[stage].nbytes + s_b[stage].nbytes
-                        )
-                    self.tma.global_to_shared(
-                        src=g_a, dst=s_a[stage], offsets=[offset_m, refill_k], mbarrier=full_barriers[stage]
-                    )
-                    self.tma.global_to_shared(
-                        src=g_b, dst=s_b[stage], offsets=[offset_n, refill_k], mbarrier=full_barriers[stage]
-                    )
+                    self.load_step(stage, offset_m, offset_n, refill_k)
                 stage = (stage + 1) % self.stages
                 phase ^= stage == 0
         self.sync()
 
-        # 5. epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
+        # 5. epilogue
+        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
+        self.epilogue(offset_m, offset_n)
+        self.tcgen05.dealloc(self.t_acc)
+
+    def load_step(self, stage: int32, offset_m: int32, offset_n: int32, offset_k: int32):
+        """Issue the TMA loads of the K step at offset_k into slot `stage`, completing on its full barrier."""
+        with self.single_thread():
+            self.mbarrier.arrive_and_expect_tx(
+                self.full_barriers[stage], transaction_bytes=self.s_a[stage].nbytes + self.s_b[stage].nbytes
+            )
+        self.tma.global_to_shared(
+            src=self.g_a, dst=self.s_a[stage], offsets=[offset_m, offset_k], mbarrier=self.full_barriers[stage]
+        )
+        self.tma.global_to_shared(
+            src=self.g_b, dst=self.s_b[stage], offsets=[offset_n, offset_k], mbarrier=self.full_barriers[stage]
+        )
+
+    def epilogue(self, offset_m: int32, offset_n: int32):
+        """TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time, by all 4 warps."""
         for e_offset_n in range(0, self.block_n, self.e_block_n):
             t_acc_slice = self.tcgen05.slice(
-                t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
+                self.t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
             )
             r_acc = self.tcgen05.load(t_acc_slice)
             self.tcgen05.wait_load()
-            self.store_shared(s_c, r_acc.to(self.dtype))
+            self.store_shared(self.s_c, r_acc.to(self.dtype))
             # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
             self.fence.proxy_async(space="shared")
             self.sync()
             with self.single_warp():
-                self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n + e_offset_n], dims=[0, 1])
+                self.tma.shared_to_global(self.s_c, self.g_c, offsets=[offset_m, offset_n + e_offset_n], dims=[0, 1])
                 self.tma.commit_group()
                 self.tma.wait_group(n=0, read=True)  # s_c is rewritten next iteration
             self.sync()
-
-        self.tcgen05.dealloc(t_acc)
 
 
 # The accumulator takes block_m * block_n / 128 fp32 registers per thread: at most 128, so
@@ -198,76 +199,74 @@ class HopperMatmulV2(tilus.Script):
         offset_n: int32 = self.block_n * self.blockIdx.y
 
         # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
-        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
-        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
+        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
         acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
 
         # 3. barriers
-        full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)
+        self.full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)
 
         # 4. the K loop: a prologue fills all slots but one; each step refills the slot the
         # step before used (that one is still in the ring at step 0)
         with self.single_warp():
             for s in range(self.stages - 1):
                 if s * self.block_k < k_size:
-                    with self.single_thread():
-                        self.mbarrier.arrive_and_expect_tx(
-                            full_barriers[s], transaction_bytes=s_a[s].nbytes + s_b[s].nbytes
-                        )
-                    self.tma.global_to_shared(
-                        src=g_a, dst=s_a[s], offsets=[offset_m, s * self.block_k], mbarrier=full_barriers[s]
-                    )
-                    self.tma.global_to_shared(
-                        src=g_b, dst=s_b[s], offsets=[offset_n, s * self.block_k], mbarrier=full_barriers[s]
-                    )
+                    self.load_step(s, offset_m, offset_n, s * self.block_k)
 
         stage: int32 = 0
         phase: uint32 = 0  # flips each time stage wraps: the barriers alternate phases per trip
         refill_stage: int32 = self.stages - 1
         for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
-            self.mbarrier.wait(full_barriers[stage], phase=phase)
-
+            self.mbarrier.wait(self.full_barriers[stage], phase=phase)
             self.wgmma.fence()
-            self.wgmma.mma(s_a[stage], s_b[stage].transpose(), acc)
+            self.wgmma.mma(self.s_a[stage], self.s_b[stage].transpose(), acc)
             self.wgmma.commit_group()
-            self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
-            self.sync()  # ... in every warp of the group, so its slot (refill_stage) is free
+            # this step may still run; the previous one has finished, for the whole warpgroup (a wgmma
+            # is one operation of all four warps), so its slot (refill_stage) is free
+            self.wgmma.wait_group(1)
 
             refill_k = offset_k + (self.stages - 1) * self.block_k
             if refill_k < k_size:
                 with self.single_warp():
-                    with self.single_thread():
-                        self.mbarrier.arrive_and_expect_tx(
-                            full_barriers[refill_stage],
-                            transaction_bytes=s_a[refill_stage].nbytes + s_b[refill_stage].nbytes,
-                        )
-                    self.tma.global_to_shared(
-                        src=g_a, dst=s_a[refill_stage], offsets=[offset_m, refill_k], mbarrier=full_barriers[refill_stage]
-                    )
-                    self.tma.global_to_shared(
-                        src=g_b, dst=s_b[refill_stage], offsets=[offset_n, refill_k], mbarrier=full_barriers[refill_stage]
-                    )
+                    self.load_step(refill_stage, offset_m, offset_n, refill_k)
             refill_stage = stage
             stage = (stage + 1) % self.stages
             phase ^= stage == 0
         self.wgmma.wait_group(0)
         self.sync()  # every warp's last wgmma is done before its slots are reused below
 
-        # 5. epilogue: registers -> shared -> global (TMA), as on Blackwell; the output tile
-        # reuses the operand tiles' shared memory, which no MMA or load touches any more
-        self.free_shared(s_a)
-        self.free_shared(s_b)
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        # 5. epilogue: the output tile reuses the operand tiles' shared memory, which nothing reads now
+        self.free_shared(self.s_a)
+        self.free_shared(self.s_b)
+        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        self.epilogue(acc, offset_m, offset_n)
+
+    def load_step(self, stage: int32, offset_m: int32, offset_n: int32, offset_k: int32):
+        """Issue the TMA loads of the K step at offset_k into slot `stage`, completing on its full barrier."""
+        with self.single_thread():
+            self.mbarrier.arrive_and_expect_tx(
+                self.full_barriers[stage], transaction_bytes=self.s_a[stage].nbytes + self.s_b[stage].nbytes
+            )
+        self.tma.global_to_shared(
+            src=self.g_a, dst=self.s_a[stage], offsets=[offset_m, offset_k], mbarrier=self.full_barriers[stage]
+        )
+        self.tma.global_to_shared(
+            src=self.g_b, dst=self.s_b[stage], offsets=[offset_n, offset_k], mbarrier=self.full_barriers[stage]
+        )
+
+    def epilogue(self, acc: RegisterTensor, offset_m: int32, offset_n: int32):
+        """Registers -> shared -> global (TMA), as on Blackwell, the whole tile at once."""
         s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
         # row-major, unswizzled: one TMA box for the whole tile (a 128-byte swizzle caps a box at 64 columns)
         self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
         self.store_shared(s_c, acc.to(self.dtype))
+        # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
         self.fence.proxy_async(space="shared")
         self.sync()
         with self.single_warp():
-            self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n], dims=[0, 1])
+            self.tma.shared_to_global(s_c, self.g_c, offsets=[offset_m, offset_n], dims=[0, 1])
             self.tma.commit_group()
             self.tma.wait_group(n=0, read=True)  # s_c must outlive the TMA engine's read of it
 
@@ -276,7 +275,9 @@ KERNELS = {"blackwell": BlackwellMatmulV2, "hopper": HopperMatmulV2}
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """C = A @ B.T for fp16 A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+    """C = A @ B.T for A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+
+    A, B and C are all fp16 or all bf16.
 
     Raises TypeError/ValueError naming the rule for input the kernels cannot take.
     """

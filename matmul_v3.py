@@ -2,7 +2,7 @@
 
 In v2 one warp (Blackwell) or one warpgroup (Hopper) did both jobs, so each job waited for
 the other: the Blackwell warp waited for every MMA before it could issue the next load and
-MMA, the Hopper warps met at a block-wide barrier every K step before refilling a slot.
+MMA, the Hopper warpgroup could issue a refill only between two of its own MMAs.
 v3 gives each job its own warps, each running its own loop over K:
 
     producer (one warp)     for each K step: wait until slot `stage` is empty,
@@ -23,14 +23,17 @@ How the consumer frees a slot differs:
   slot. The warp does not wait, so MMAs queue back to back. After the last one, a flush
   barrier (one more commit, then a wait) proves every MMA finished before TMEM is read.
 - Hopper: each consumer warpgroup keeps one wgmma group in flight. After committing step
-  i, wgmma.wait_group(1) proves step i - 1 finished, so its 128 threads arrive on
-  empty_barriers of step i - 1's slot. wait_group(0) after the loop is Hopper's flush
-  barrier: the accumulator registers are final only after it.
+  i, wgmma.wait_group(1) proves step i - 1 finished, for the whole warpgroup (a wgmma is
+  one operation of all four warps), and its threads arrive on empty_barriers of step
+  i - 1's slot. One arrival per warpgroup would do, but branching to one thread inside the
+  loop makes ptxas serialise the wgmmas (C7515: 77% of cuBLAS at 4096^3 instead of 93% in
+  one A/B), so all 128 arrive. wait_group(0) after the loop is Hopper's flush barrier:
+  the accumulator registers are final only after it.
 
 On Hopper the producer feeds two consumer warpgroups, which split each A slot by rows and
-both read the whole B slot (arrival count 2 x 128 on empty_barriers). One warpgroup's
-registers cap its tile: a 128 x 256 fp32 accumulator over 128 threads would take 256
-registers each. Two consumers hold 64 x 256 each (128 registers), so the tile grows from
+both read the whole B slot (arrival count 2 x 128 on empty_barriers). One
+warpgroup's registers cap its tile: a 128 x 256 fp32 accumulator over 128 threads would
+take 256 registers each. Two consumers hold 64 x 256 each (128 registers), so the tile grows from
 128 x 128 to 128 x 256 and the bytes loaded per FLOP, (block_m + block_n) / (block_m *
 block_n) per K column, drop from 1/64 to 3/256. A producer that runs ahead on its own is
 what lets several consumers share one stream of loads; v2's single warpgroup could not.
@@ -53,7 +56,7 @@ import sys
 
 import tilus
 import torch
-from tilus import DataType, GlobalTensor, RegisterTensor, SharedTensor, float16, float32, int32, uint32, void_p
+from tilus import DataType, RegisterTensor, float16, float32, int32, uint32, void_p
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
@@ -61,7 +64,7 @@ import support
 
 
 # block_m = 128: the tcgen05.mma shape for one CTA; block_n up to 256 (TMEM columns used).
-# block_k = 64 fp16 = 128 B, the widest row TMA's 128-byte swizzle allows.
+# block_k = 64 x 2 B = 128 B, the widest row TMA's 128-byte swizzle allows.
 # stages: 2..4 slots; 4 x 48 KiB is the most the 128 x 256 tile fits.
 @tilus.autotune("block_m, block_n, e_block_n", [[128, 64, 32], [128, 128, 32], [128, 256, 32]])
 @tilus.autotune("block_k", [64])
@@ -94,84 +97,100 @@ class BlackwellMatmulV3(tilus.Script):
         offset_n: int32 = self.block_n * self.blockIdx.y
 
         # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
-        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
-        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
-        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+        self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
+        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
         # 3. barriers
-        full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)  # a slot's loads landed
-        empty_barriers = self.mbarrier.alloc(counts=[1] * self.stages)  # a slot's MMA finished
-        flush_barrier = self.mbarrier.alloc(counts=[1])
+        self.full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)  # a slot's loads landed
+        self.empty_barriers = self.mbarrier.alloc(counts=[1] * self.stages)  # a slot's MMA finished
+        self.flush_barrier = self.mbarrier.alloc(counts=[1])
         self.sync()
 
         # 4. the K loop, one per role
         with self.thread_group(thread_begin=0, num_threads=32):  # producer: the TMA warp
-            stage: int32 = 0
-            producer_phase: uint32 = self.mbarrier.producer_initial_phase  # 1: every slot starts empty
-            for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
-                self.mbarrier.wait(empty_barriers[stage], phase=producer_phase)
-                with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(
-                        full_barriers[stage], transaction_bytes=s_a[stage].nbytes + s_b[stage].nbytes
-                    )
-                self.tma.global_to_shared(
-                    src=g_a, dst=s_a[stage], offsets=[offset_m, offset_k], mbarrier=full_barriers[stage]
-                )
-                self.tma.global_to_shared(
-                    src=g_b, dst=s_b[stage], offsets=[offset_n, offset_k], mbarrier=full_barriers[stage]
-                )
-                stage = (stage + 1) % self.stages
-                producer_phase ^= stage == 0
-
+            self.producer(offset_m, offset_n, k_size)
         with self.thread_group(thread_begin=32, num_threads=32):  # consumer: the MMA warp
-            stage: int32 = 0
-            consumer_phase: uint32 = self.mbarrier.consumer_initial_phase  # 0: wait for the first load
-            for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
-                self.mbarrier.wait(full_barriers[stage], phase=consumer_phase)
-                # the first step overwrites TMEM, which starts with garbage
-                self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=offset_k != 0)
-                # no wait: the hardware arrives on empty_barriers[stage] once this MMA has finished
-                self.tcgen05.commit(mbarrier=empty_barriers[stage])
-                stage = (stage + 1) % self.stages
-                consumer_phase ^= stage == 0
-
-            # flush barrier: one more commit tracks every MMA issued above
-            self.tcgen05.commit(mbarrier=flush_barrier)
-            self.mbarrier.wait(flush_barrier, phase=0)
+            self.mma(k_size)
+            self.mbarrier.wait(self.flush_barrier, phase=0)  # every MMA has finished: TMEM holds the tile
         self.sync()
 
-        # 5. epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
+        # 5. epilogue
+        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
+        self.epilogue(offset_m, offset_n)
+        self.tcgen05.dealloc(self.t_acc)
+
+    def producer(self, offset_m: int32, offset_n: int32, k_size: int32):
+        """The TMA warp: every K step into the ring, as far ahead as the empty slots allow."""
+        stage: int32 = 0
+        producer_phase: uint32 = self.mbarrier.producer_initial_phase  # 1: every slot starts empty
+        for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
+            self.mbarrier.wait(self.empty_barriers[stage], phase=producer_phase)
+            with self.single_thread():
+                self.mbarrier.arrive_and_expect_tx(
+                    self.full_barriers[stage], transaction_bytes=self.s_a[stage].nbytes + self.s_b[stage].nbytes
+                )
+            self.tma.global_to_shared(
+                src=self.g_a, dst=self.s_a[stage], offsets=[offset_m, offset_k], mbarrier=self.full_barriers[stage]
+            )
+            self.tma.global_to_shared(
+                src=self.g_b, dst=self.s_b[stage], offsets=[offset_n, offset_k], mbarrier=self.full_barriers[stage]
+            )
+            stage = (stage + 1) % self.stages
+            producer_phase ^= stage == 0
+
+    def mma(self, k_size: int32):
+        """The MMA warp, the ring's consumer: one tcgen05.mma per K step into TMEM, none waited for."""
+        stage: int32 = 0
+        consumer_phase: uint32 = self.mbarrier.consumer_initial_phase  # 0: wait for the first load
+        for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
+            self.mbarrier.wait(self.full_barriers[stage], phase=consumer_phase)
+            # the first step overwrites TMEM, which starts with garbage
+            self.tcgen05.mma(self.s_a[stage], self.s_b[stage].transpose(), self.t_acc, enable_input_d=offset_k != 0)
+            # no wait: the hardware arrives on empty_barriers[stage] once this MMA has finished
+            self.tcgen05.commit(mbarrier=self.empty_barriers[stage])
+            stage = (stage + 1) % self.stages
+            consumer_phase ^= stage == 0
+
+        # flush barrier: one more commit tracks every MMA issued above
+        self.tcgen05.commit(mbarrier=self.flush_barrier)
+
+    def epilogue(self, offset_m: int32, offset_n: int32):
+        """TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time, by all 4 warps."""
         for e_offset_n in range(0, self.block_n, self.e_block_n):
             t_acc_slice = self.tcgen05.slice(
-                t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
+                self.t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
             )
             r_acc = self.tcgen05.load(t_acc_slice)
             self.tcgen05.wait_load()
-            self.store_shared(s_c, r_acc.to(self.dtype))
+            self.store_shared(self.s_c, r_acc.to(self.dtype))
             # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
             self.fence.proxy_async(space="shared")
             self.sync()
             with self.single_warp():
-                self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n + e_offset_n], dims=[0, 1])
+                self.tma.shared_to_global(self.s_c, self.g_c, offsets=[offset_m, offset_n + e_offset_n], dims=[0, 1])
                 self.tma.commit_group()
                 self.tma.wait_group(n=0, read=True)  # s_c is rewritten next iteration
             self.sync()
-
-        self.tcgen05.dealloc(t_acc)
 
 
 # Two consumer warpgroups split the tile's rows; each holds a (block_m / 2) x block_n
 # accumulator, at most 128 fp32 registers per thread, so the tile can reach 128 x 256: the
 # L2-to-shared bytes per FLOP, (block_m + block_n) / (block_m * block_n), drop by a quarter
-# from 128 x 128. block_k = 64 as on Blackwell. stages: with 48 KiB slots and the 64 KiB
-# output tile, 3 fit (208 KiB of the 227 KiB a block may have).
-@tilus.autotune("block_m, block_n", [[128, 128], [128, 256], [256, 128]])
+# from 128 x 128. block_k = 64 as on Blackwell. stages: a 128 x 256 or 256 x 128 slot is
+# 48 KiB and the two output tiles 64 KiB, so 3 fit (208 KiB of the 227 KiB a block may
+# have); a 128 x 128 slot is 32 KiB and its output tiles 32 KiB, so up to 6 (224 KiB): the
+# deep rings of v2's space, which serve skinny and decode shapes, where few tiles each
+# stream a long K.
+@tilus.autotune(
+    "block_m, block_n, stages",
+    [[128, 128, 2], [128, 128, 3], [128, 128, 4], [128, 128, 6], [128, 256, 2], [128, 256, 3], [256, 128, 2],
+     [256, 128, 3]],
+)
 @tilus.autotune("block_k", [64])
-@tilus.autotune("stages", [2, 3])
 class HopperMatmulV3(tilus.Script):
     def __init__(self, block_m: int, block_n: int, block_k: int, stages: int, dtype: DataType = float16):
         super().__init__()
@@ -198,95 +217,104 @@ class HopperMatmulV3(tilus.Script):
         offset_m: int32 = self.block_m * self.blockIdx.x
         offset_n: int32 = self.block_n * self.blockIdx.y
 
-        # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        # 2. operands: global views, shared tiles (each consumer holds its own accumulator)
+        self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
         # A's slot holds one half per consumer; both consumers read the whole B slot
-        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.consumer_m, self.block_k])
-        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.consumer_m, self.block_k])
+        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
 
         # 3. barriers
-        full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)  # a slot's loads landed
-        empty_barriers = self.mbarrier.alloc(counts=[256] * self.stages)  # both consumers are done with it
+        self.full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)  # a slot's loads landed
+        # every consumer thread arrives once its warpgroup's wgmma has finished reading the slot
+        self.empty_barriers = self.mbarrier.alloc(counts=[256] * self.stages)
 
-        # 4. the K loop, one per role: the producer here, each consumer in consumer()
+        # 4. the K loop, one per role: the producer, each consumer
+        self.producer(offset_m, offset_n, k_size)
+        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        self.consumer(0, offset_m, offset_n, k_size)
+        self.consumer(1, offset_m, offset_n, k_size)
+
+    def producer(self, offset_m: int32, offset_n: int32, k_size: int32):
+        """The TMA warp: every K step into the ring, as far ahead as the empty slots allow."""
         with self.thread_group(thread_begin=256, num_threads=32):  # producer: the TMA warp
-            stage: int32 = 0
-            producer_phase: uint32 = self.mbarrier.producer_initial_phase  # 1: every slot starts empty
-            for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
-                self.mbarrier.wait(empty_barriers[stage], phase=producer_phase)
-                with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(
-                        full_barriers[stage], transaction_bytes=s_a[stage].nbytes + s_b[stage].nbytes
-                    )
-                for part in range(2):
-                    self.tma.global_to_shared(
-                        src=g_a,
-                        dst=s_a[stage, part],
-                        offsets=[offset_m + part * self.consumer_m, offset_k],
-                        mbarrier=full_barriers[stage],
-                    )
+            self.load_tile(offset_m, offset_n, k_size)
+
+    def load_tile(self, offset_m: int32, offset_n: int32, k_size: int32):
+        """The tile's K loop: A in two halves, one per consumer, then B."""
+        stage: int32 = 0
+        producer_phase: uint32 = self.mbarrier.producer_initial_phase  # 1: every slot starts empty
+        for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
+            self.mbarrier.wait(self.empty_barriers[stage], phase=producer_phase)
+            with self.single_thread():
+                self.mbarrier.arrive_and_expect_tx(
+                    self.full_barriers[stage], transaction_bytes=self.s_a[stage].nbytes + self.s_b[stage].nbytes
+                )
+            for part in range(2):
                 self.tma.global_to_shared(
-                    src=g_b, dst=s_b[stage], offsets=[offset_n, offset_k], mbarrier=full_barriers[stage]
+                    src=self.g_a,
+                    dst=self.s_a[stage, part],
+                    offsets=[offset_m + part * self.consumer_m, offset_k],
+                    mbarrier=self.full_barriers[stage],
                 )
-                stage = (stage + 1) % self.stages
-                producer_phase ^= stage == 0
+            self.tma.global_to_shared(
+                src=self.g_b, dst=self.s_b[stage], offsets=[offset_n, offset_k], mbarrier=self.full_barriers[stage]
+            )
+            stage = (stage + 1) % self.stages
+            producer_phase ^= stage == 0
 
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
-        self.consumer(0, s_a, s_b, full_barriers, empty_barriers, g_c, offset_m, offset_n, k_size)
-        self.consumer(1, s_a, s_b, full_barriers, empty_barriers, g_c, offset_m, offset_n, k_size)
-
-    def consumer(
-        self,
-        warpgroup: int,
-        s_a: SharedTensor,
-        s_b: SharedTensor,
-        full_barriers: RegisterTensor,
-        empty_barriers: RegisterTensor,
-        g_c: GlobalTensor,
-        offset_m: int32,
-        offset_n: int32,
-        k_size: int32,
-    ):
-        """One consumer warpgroup: multiply its half of every A slot with the whole B slot."""
+    def consumer(self, warpgroup: int, offset_m: int32, offset_n: int32, k_size: int32):
+        """One consumer warpgroup: its half of the tile's rows, the K loop then the epilogue."""
         with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
-            acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
-            stage: int32 = 0
-            consumer_phase: uint32 = self.mbarrier.consumer_initial_phase  # 0: wait for the first load
-            previous_stage: int32 = -1
-            for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
-                self.mbarrier.wait(full_barriers[stage], phase=consumer_phase)
-                self.wgmma.fence()
-                self.wgmma.mma(s_a[stage, warpgroup], s_b[stage].transpose(), acc)
-                self.wgmma.commit_group()
-                self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
-                if previous_stage >= 0:
-                    self.mbarrier.arrive(empty_barriers[previous_stage])
-                previous_stage = stage
-                stage = (stage + 1) % self.stages
-                consumer_phase ^= stage == 0
-            self.wgmma.wait_group(0)  # Hopper's flush: the accumulator is final only now
+            acc = self.mma(warpgroup, k_size)
+            self.epilogue(warpgroup, acc, offset_m, offset_n)
 
-            # 5. epilogue: registers -> shared -> global (TMA), each warpgroup its own rows
-            s_c = self.shared_tensor(dtype=self.dtype, shape=[self.consumer_m, self.block_n])
-            # row-major, unswizzled: one TMA box for the whole tile (a 128-byte swizzle caps a box at 64 columns)
-            self.annotate_layout(s_c, shared_row_major(self.consumer_m, self.block_n))
-            self.store_shared(s_c, acc.to(self.dtype))
-            self.fence.proxy_async(space="shared")
-            self.sync()  # this warpgroup only (a named barrier)
-            with self.single_warp():
-                self.tma.shared_to_global(
-                    s_c, g_c, offsets=[offset_m + warpgroup * self.consumer_m, offset_n], dims=[0, 1]
-                )
-                self.tma.commit_group()
-                self.tma.wait_group(n=0, read=True)  # s_c must outlive the TMA engine's read of it
+    def mma(self, warpgroup: int, k_size: int32):
+        """This warpgroup's half of every A slot times the whole B slot, one wgmma group in flight."""
+        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+        stage: int32 = 0
+        consumer_phase: uint32 = self.mbarrier.consumer_initial_phase  # 0: wait for the first load
+        previous_stage: int32 = -1
+        for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
+            self.mbarrier.wait(self.full_barriers[stage], phase=consumer_phase)
+            self.wgmma.fence()
+            self.wgmma.mma(self.s_a[stage, warpgroup], self.s_b[stage].transpose(), acc)
+            self.wgmma.commit_group()
+            self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
+            if previous_stage >= 0:
+                # every thread arrives: one per warpgroup would do, but branching to one thread
+                # here makes ptxas serialise the wgmmas (C7515): 77% of cuBLAS instead of 93%
+                self.mbarrier.arrive(self.empty_barriers[previous_stage])
+            previous_stage = stage
+            stage = (stage + 1) % self.stages
+            consumer_phase ^= stage == 0
+        self.wgmma.wait_group(0)  # Hopper's flush: the accumulator is final only now
+        return acc
+
+    def epilogue(self, warpgroup: int, acc: RegisterTensor, offset_m: int32, offset_n: int32):
+        """Registers -> shared -> global (TMA), each warpgroup its own rows and its own output tile."""
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.consumer_m, self.block_n])
+        # row-major, unswizzled: one TMA box for the whole tile (a 128-byte swizzle caps a box at 64 columns)
+        self.annotate_layout(s_c, shared_row_major(self.consumer_m, self.block_n))
+        self.store_shared(s_c, acc.to(self.dtype))
+        # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
+        self.fence.proxy_async(space="shared")
+        self.sync()  # this warpgroup only (a named barrier)
+        with self.single_warp():
+            self.tma.shared_to_global(
+                s_c, self.g_c, offsets=[offset_m + warpgroup * self.consumer_m, offset_n], dims=[0, 1]
+            )
+            self.tma.commit_group()
+            self.tma.wait_group(n=0, read=True)  # s_c must outlive the TMA engine's read of it
 
 
 KERNELS = {"blackwell": BlackwellMatmulV3, "hopper": HopperMatmulV3}
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """C = A @ B.T for fp16 A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+    """C = A @ B.T for A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+
+    A, B and C are all fp16 or all bf16.
 
     Raises TypeError/ValueError naming the rule for input the kernels cannot take.
     """

@@ -17,15 +17,17 @@ Three changes from v3; the numbers are % of cuBLAS on an H100, measured in one p
 2. Grouped tile order. v3's 2-D grid started blocks tile row first: at 8192^3 (64 x 32
    tiles of 128 x 256) the 132 blocks in flight span all 64 tile rows, so each wave reads
    all of A (128 MiB, more than the 50 MiB L2) from HBM again. v4 launches one dimension
-   and ``grouped_tile`` maps block i to a tile so that the blocks in flight cover a patch
-   of group_m tile rows: with 16, a wave touches 32 MiB of A and 33 MiB of B. On
-   16384 x 1024 x 4096 (4 tile columns) v3 read A once per column; grouped, the blocks
-   sharing an A tile run together and A comes from HBM once: 70% -> 96%.
+   and ``grouped_tile`` (``GroupedTileOrder`` in schedulers.py) maps block i to a tile so
+   that the blocks in flight cover a patch of group_m tile rows: with 16, a wave touches
+   32 MiB of A and 36 MiB of B (ceil(132 / 16) = 9 tile columns of 256 rows x 8192 x 2 B).
+   On 16384 x 1024 x 4096 (4 tile columns) v3 read A once
+   per column; grouped, the blocks sharing an A tile run together and A comes from HBM
+   once: 70% -> 96%.
 
 3. A tile space for every shape class.
    - 128 x 256 with 4 stages instead of 3. A slot is refilled once its MMA finished and
      must be full again stages - 1 steps later. A step, 2 consumers x 4 wgmma
-     m64n256k16, is 1024 tensor-core cycles, 0.55 us at 1.85 GHz: 3 stages leave a load
+     m64n256k16, is 1024 tensor-core cycles, 0.56 us at 1.83 GHz: 3 stages leave a load
      ~1.1 us, about what HBM takes under load, 4 leave ~1.7 us. The fourth 48 KiB slot
      is paid for by the output: the two consumers share one 32 KiB tile and take turns
      (warpgroup 1 waits on ``s_c_free``), 4 x 48 + 32 = 224 KiB of 227. On 2048 x 2048 x
@@ -34,9 +36,12 @@ Three changes from v3; the numbers are % of cuBLAS on an H100, measured in one p
      blocks where 128 x 256 launches 32. Each streams its slice of B from HBM with
      little arithmetic per byte, so it needs bytes in flight (8 x 24 KiB), not FLOPs per
      byte. 128 x 8192 x 8192: 71% (v3's best) -> 99%.
+   - 128 x 128 with 6 stages, v3's deep ring, for skinny and decode shapes where 128 x 256
+     tiles make less than a wave and 128 x 64 ones load A four times as often (without
+     it v4 trailed v3 on 256 x 14336 x 4096 and on decode shapes).
    - group_m 8, 16 or 32: the best patch depends on the shape.
-   128 x 128 tiles (one or two blocks per SM) and 256 x 128 were measured and lost on
-   every shape to one of these.
+   128 x 128 with two blocks per SM and 256 x 128 were measured and lost on every shape
+   to one of these.
 
 The pick: tilus 0.2.0 times its candidates from idle clocks, five runs each; support/
 ranks them itself on a warm GPU (``dispatch.rank_schedules``) and hands tilus the winner.
@@ -44,8 +49,8 @@ ranks them itself on a warm GPU (``dispatch.rank_schedules``) and hands tilus th
 What remains: a block ends by storing its tile of C and waiting until the TMA engine has
 read it; only then can the next block start on that SM. At 4096^3, about 47 us a tile,
 that costs ~2.7%: with the TMA store left out (timing only) v4 ran at 97.4% of cuBLAS
-instead of 94.7%. v5 keeps blocks resident over many tiles and overlaps the store of one
-tile with the main loop of the next.
+instead of 94.7%. v5 keeps blocks resident over many tiles and, on Hopper, overlaps the
+store of one tile with the main loop of the next.
 
 Constraints as in v1. Run: python matmul_v4.py [--sizes ...] [--check-only] [--compile-only]
 """
@@ -54,42 +59,17 @@ import sys
 
 import tilus
 import torch
-from tilus import DataType, GlobalTensor, RegisterTensor, SharedTensor, float16, float32, int32, void_p
+from tilus import DataType, RegisterTensor, float16, float32, int32, void_p
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
 import support
 from pipeline import Pipeline
-
-
-class GroupedTileOrder:
-    """The tile a block computes when blocks visit tiles group_m tile rows at a time."""
-
-    def grouped_tile(self, index: int32, num_m: int32, num_n: int32):
-        """(row, column) of the index-th tile visited in a grid of num_m x num_n tiles.
-
-        Group g holds tile rows g * group_m onward and every column; inside it, tile i
-        is row i % group_m of column i // group_m, so consecutive blocks walk down a
-        column and share its B tile while the group's A tiles stay in L2. The last group
-        may have fewer rows. fast_divmod needs divisors fixed for the launch (tilus
-        computes its magic numbers on the host), so the last group divides by its own row
-        count, never by a variable reassigned in a branch.
-        """
-        group, in_group = self.fast_divmod(index, self.group_m * num_n)
-        first_m = group * self.group_m
-        tile_m: int32 = 0
-        tile_n: int32 = 0
-        if first_m + self.group_m <= num_m:
-            tile_n, row = self.fast_divmod(in_group, self.group_m)
-            tile_m = first_m + row
-        else:
-            tile_n, row = self.fast_divmod(in_group, (num_m - 1) % self.group_m + 1)
-            tile_m = first_m + row
-        return tile_m, tile_n
+from schedulers import GroupedTileOrder
 
 
 # block_m = 128: the tcgen05.mma shape for one CTA; block_n up to 256 (TMEM columns used).
-# block_k = 64 fp16 = 128 B, the widest row TMA's 128-byte swizzle allows.
+# block_k = 64 x 2 B = 128 B, the widest row TMA's 128-byte swizzle allows.
 # stages: 2..4 slots; 4 x 48 KiB is the most the 128 x 256 tile fits.
 # group_m: tile rows visited together, as on Hopper (not measured: no Blackwell GPU).
 @tilus.autotune("block_m, block_n, e_block_n", [[128, 64, 32], [128, 128, 32], [128, 256, 32]])
@@ -136,75 +116,97 @@ class BlackwellMatmulV4(GroupedTileOrder, tilus.Script):
         offset_n: int32 = self.block_n * tile_n
 
         # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
-        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
-        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
-        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+        self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
+        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
         # 3. barriers
-        pipe = Pipeline(self.stages, consumer_arrivals=1)  # the tensor core arrives once per slot
-        flush_barrier = self.mbarrier.alloc(counts=[1])
+        self.pipe = Pipeline(self.stages, consumer_arrivals=1)  # the tensor core arrives once per slot
+        self.flush_barrier = self.mbarrier.alloc(counts=[1])
         self.sync()
 
         # 4. the K loop, one per role
         with self.thread_group(thread_begin=0, num_threads=32):  # producer: the TMA warp
-            pipe.producer_start()
-            for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
-                pipe.producer_acquire(transaction_bytes=s_a[0].nbytes + s_b[0].nbytes)
-                self.tma.global_to_shared(
-                    src=g_a, dst=s_a[pipe.producer_stage], offsets=[offset_m, offset_k], mbarrier=pipe.producer_barrier()
-                )
-                self.tma.global_to_shared(
-                    src=g_b, dst=s_b[pipe.producer_stage], offsets=[offset_n, offset_k], mbarrier=pipe.producer_barrier()
-                )
-                pipe.producer_advance()
-
+            self.producer(offset_m, offset_n, k_size)
         with self.thread_group(thread_begin=32, num_threads=32):  # consumer: the MMA warp
-            pipe.consumer_start()
-            for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
-                pipe.consumer_acquire()
-                # the first step overwrites TMEM, which starts with garbage
-                self.tcgen05.mma(
-                    s_a[pipe.consumer_stage], s_b[pipe.consumer_stage].transpose(), t_acc, enable_input_d=offset_k != 0
-                )
-                # no wait: the hardware arrives on the slot's empty barrier once this MMA has finished
-                pipe.consumer_release_async()
-                pipe.consumer_advance()
-
-            # flush barrier: one more commit tracks every MMA issued above
-            self.tcgen05.commit(mbarrier=flush_barrier)
-            self.mbarrier.wait(flush_barrier, phase=0)
+            self.mma(k_size)
+            self.mbarrier.wait(self.flush_barrier, phase=0)  # every MMA has finished: TMEM holds the tile
         self.sync()
 
-        # 5. epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
+        # 5. epilogue
+        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
+        self.epilogue(offset_m, offset_n)
+        self.tcgen05.dealloc(self.t_acc)
+
+    def producer(self, offset_m: int32, offset_n: int32, k_size: int32):
+        """The TMA warp: every K step into the ring, as far ahead as the empty slots allow."""
+        self.pipe.producer_start()
+        for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
+            self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
+            self.tma.global_to_shared(
+                src=self.g_a,
+                dst=self.s_a[self.pipe.producer_stage],
+                offsets=[offset_m, offset_k],
+                mbarrier=self.pipe.producer_barrier(),
+            )
+            self.tma.global_to_shared(
+                src=self.g_b,
+                dst=self.s_b[self.pipe.producer_stage],
+                offsets=[offset_n, offset_k],
+                mbarrier=self.pipe.producer_barrier(),
+            )
+            self.pipe.producer_advance()
+
+    def mma(self, k_size: int32):
+        """The MMA warp, the ring's consumer: one tcgen05.mma per K step into TMEM, none waited for."""
+        self.pipe.consumer_start()
+        for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
+            self.pipe.consumer_acquire()
+            # the first step overwrites TMEM, which starts with garbage
+            self.tcgen05.mma(
+                self.s_a[self.pipe.consumer_stage],
+                self.s_b[self.pipe.consumer_stage].transpose(),
+                self.t_acc,
+                enable_input_d=offset_k != 0,
+            )
+            # no wait: the hardware arrives on the slot's empty barrier once this MMA has finished
+            self.pipe.consumer_release_async()
+            self.pipe.consumer_advance()
+
+        # flush barrier: one more commit tracks every MMA issued above
+        self.tcgen05.commit(mbarrier=self.flush_barrier)
+
+    def epilogue(self, offset_m: int32, offset_n: int32):
+        """TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time, by all 4 warps."""
         for e_offset_n in range(0, self.block_n, self.e_block_n):
             t_acc_slice = self.tcgen05.slice(
-                t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
+                self.t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
             )
             r_acc = self.tcgen05.load(t_acc_slice)
             self.tcgen05.wait_load()
-            self.store_shared(s_c, r_acc.to(self.dtype))
+            self.store_shared(self.s_c, r_acc.to(self.dtype))
             # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
             self.fence.proxy_async(space="shared")
             self.sync()
             with self.single_warp():
-                self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n + e_offset_n], dims=[0, 1])
+                self.tma.shared_to_global(self.s_c, self.g_c, offsets=[offset_m, offset_n + e_offset_n], dims=[0, 1])
                 self.tma.commit_group()
                 self.tma.wait_group(n=0, read=True)  # s_c is rewritten next iteration
             self.sync()
-
-        self.tcgen05.dealloc(t_acc)
 
 
 # Two consumer warpgroups split the tile's rows, as in v3. 128 x 256 with 4 stages: 4 x 48
 # KiB of ring and one 32 KiB output tile the consumers take turns with (224 KiB of 227).
 # 128 x 64 with 8 stages (8 x 24 + 8 = 200 KiB): four times the blocks for skinny shapes,
-# each with 192 KiB of loads in flight. block_k = 64 as on Blackwell. group_m: the height
-# of the patch of tiles in flight; the best one depends on the shape (see the docstring).
-@tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 64, 8]])
+# each with 192 KiB of loads in flight. 128 x 128 with 6 stages (6 x 32 + 16 = 208 KiB):
+# v3's deep-ring schedule, which serves skinny and decode shapes where 128 x 256 tiles make
+# less than a wave and 128 x 64 ones load A four times. block_k = 64 as on Blackwell.
+# group_m: the height of the patch of tiles in flight; the best one depends on the shape
+# (see the docstring).
+@tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 128, 6], [128, 64, 8]])
 @tilus.autotune("block_k", [64])
 @tilus.autotune("group_m", [8, 16, 32])
 class HopperMatmulV4(GroupedTileOrder, tilus.Script):
@@ -237,95 +239,105 @@ class HopperMatmulV4(GroupedTileOrder, tilus.Script):
         offset_m: int32 = self.block_m * tile_m
         offset_n: int32 = self.block_n * tile_n
 
-        # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        # 2. operands: global views, shared tiles (each consumer holds its own accumulator)
+        self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
         # A's slot holds one half per consumer; both consumers read the whole B slot
-        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.consumer_m, self.block_k])
-        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.consumer_m, self.block_k])
+        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
 
         # 3. barriers
-        pipe = Pipeline(self.stages, consumer_arrivals=256)  # every thread of both consumers arrives
+        self.pipe = Pipeline(self.stages, consumer_arrivals=256)  # every thread of both consumers arrives
 
-        # 4. the K loop, one per role: the producer here, each consumer in consumer()
-        with self.thread_group(thread_begin=256, num_threads=32):  # producer: the TMA warp
-            pipe.producer_start()
-            for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
-                pipe.producer_acquire(transaction_bytes=s_a[0].nbytes + s_b[0].nbytes)
-                for part in range(2):
-                    self.tma.global_to_shared(
-                        src=g_a,
-                        dst=s_a[pipe.producer_stage, part],
-                        offsets=[offset_m + part * self.consumer_m, offset_k],
-                        mbarrier=pipe.producer_barrier(),
-                    )
-                self.tma.global_to_shared(
-                    src=g_b, dst=s_b[pipe.producer_stage], offsets=[offset_n, offset_k], mbarrier=pipe.producer_barrier()
-                )
-                pipe.producer_advance()
-
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        # 4. the K loop, one per role: the producer, each consumer
+        self.producer(offset_m, offset_n, k_size)
+        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
         # one output tile for both consumers, in turn: its 32 KiB pay for the ring's fourth slot
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.consumer_m, self.block_n])
+        self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.consumer_m, self.block_n])
         # row-major, unswizzled: one TMA box for the whole tile (a 128-byte swizzle caps a box at 64 columns)
-        self.annotate_layout(s_c, shared_row_major(self.consumer_m, self.block_n))
-        s_c_free = self.mbarrier.alloc(counts=[1])  # warpgroup 0's rows have left s_c
-        self.consumer(0, pipe, s_a, s_b, s_c, s_c_free, g_c, offset_m, offset_n, k_size)
-        self.consumer(1, pipe, s_a, s_b, s_c, s_c_free, g_c, offset_m, offset_n, k_size)
+        self.annotate_layout(self.s_c, shared_row_major(self.consumer_m, self.block_n))
+        self.s_c_free = self.mbarrier.alloc(counts=[1])  # warpgroup 0's rows have left s_c
+        self.consumer(0, offset_m, offset_n, k_size)
+        self.consumer(1, offset_m, offset_n, k_size)
 
-    def consumer(
-        self,
-        warpgroup: int,
-        pipe: Pipeline,
-        s_a: SharedTensor,
-        s_b: SharedTensor,
-        s_c: SharedTensor,
-        s_c_free: RegisterTensor,
-        g_c: GlobalTensor,
-        offset_m: int32,
-        offset_n: int32,
-        k_size: int32,
-    ):
-        """One consumer warpgroup: multiply its half of every A slot with the whole B slot."""
-        with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
-            acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
-            pipe.consumer_start()
-            for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
-                pipe.consumer_acquire()
-                self.wgmma.fence()
-                self.wgmma.mma(s_a[pipe.consumer_stage, warpgroup], s_b[pipe.consumer_stage].transpose(), acc)
-                self.wgmma.commit_group()
-                self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
-                if offset_k > 0:
-                    pipe.consumer_release_previous()
-                pipe.consumer_advance()
-            # Hopper's flush: the accumulator is final only now. The last slot is never
-            # released: the producer has nothing more to load into it.
-            self.wgmma.wait_group(0)
+    def producer(self, offset_m: int32, offset_n: int32, k_size: int32):
+        """The TMA warp: every K step into the ring, as far ahead as the empty slots allow."""
+        with self.thread_group(thread_begin=256, num_threads=32):  # producer: the TMA warp
+            self.pipe.producer_start()
+            self.load_tile(offset_m, offset_n, k_size)
 
-            # 5. epilogue: registers -> shared -> global (TMA). The consumers take turns with one
-            # output tile: warpgroup 1 waits until the TMA engine has read warpgroup 0's rows.
-            if warpgroup == 1:
-                self.mbarrier.wait(s_c_free, phase=0)
-            self.store_shared(s_c, acc.to(self.dtype))
-            self.fence.proxy_async(space="shared")
-            self.sync()  # this warpgroup only (a named barrier)
-            with self.single_warp():
-                self.tma.shared_to_global(
-                    s_c, g_c, offsets=[offset_m + warpgroup * self.consumer_m, offset_n], dims=[0, 1]
+    def load_tile(self, offset_m: int32, offset_n: int32, k_size: int32):
+        """The tile's K loop: A in two halves, one per consumer, then B."""
+        for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
+            self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
+            for part in range(2):
+                self.tma.global_to_shared(
+                    src=self.g_a,
+                    dst=self.s_a[self.pipe.producer_stage, part],
+                    offsets=[offset_m + part * self.consumer_m, offset_k],
+                    mbarrier=self.pipe.producer_barrier(),
                 )
-                self.tma.commit_group()
-                self.tma.wait_group(n=0, read=True)  # s_c must outlive the TMA engine's read of it
-                if warpgroup == 0:
-                    with self.single_thread():
-                        self.mbarrier.arrive(s_c_free)
+            self.tma.global_to_shared(
+                src=self.g_b,
+                dst=self.s_b[self.pipe.producer_stage],
+                offsets=[offset_n, offset_k],
+                mbarrier=self.pipe.producer_barrier(),
+            )
+            self.pipe.producer_advance()
+
+    def consumer(self, warpgroup: int, offset_m: int32, offset_n: int32, k_size: int32):
+        """One consumer warpgroup: its half of the tile's rows, the K loop then the epilogue."""
+        with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
+            acc = self.mma(warpgroup, k_size)
+            self.epilogue(warpgroup, acc, offset_m, offset_n)
+
+    def mma(self, warpgroup: int, k_size: int32):
+        """This warpgroup's half of every A slot times the whole B slot, one wgmma group in flight."""
+        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+        self.pipe.consumer_start()
+        for offset_k in self.range(0, k_size, self.block_k, unroll=self.stages):
+            self.pipe.consumer_acquire()
+            self.wgmma.fence()
+            self.wgmma.mma(
+                self.s_a[self.pipe.consumer_stage, warpgroup], self.s_b[self.pipe.consumer_stage].transpose(), acc
+            )
+            self.wgmma.commit_group()
+            self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
+            if offset_k > 0:
+                self.pipe.consumer_release_previous()
+            self.pipe.consumer_advance()
+        # Hopper's flush: the accumulator is final only now. The last slot is never
+        # released: the producer has nothing more to load into it.
+        self.wgmma.wait_group(0)
+        return acc
+
+    def epilogue(self, warpgroup: int, acc: RegisterTensor, offset_m: int32, offset_n: int32):
+        """Registers -> shared -> global (TMA). The consumers take turns with one output tile:
+        warpgroup 1 waits until the TMA engine has read warpgroup 0's rows."""
+        if warpgroup == 1:
+            self.mbarrier.wait(self.s_c_free, phase=0)
+        self.store_shared(self.s_c, acc.to(self.dtype))
+        # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
+        self.fence.proxy_async(space="shared")
+        self.sync()  # this warpgroup only (a named barrier)
+        with self.single_warp():
+            self.tma.shared_to_global(
+                self.s_c, self.g_c, offsets=[offset_m + warpgroup * self.consumer_m, offset_n], dims=[0, 1]
+            )
+            self.tma.commit_group()
+            self.tma.wait_group(n=0, read=True)  # s_c must outlive the TMA engine's read of it
+            if warpgroup == 0:
+                with self.single_thread():
+                    self.mbarrier.arrive(self.s_c_free)
 
 
 KERNELS = {"blackwell": BlackwellMatmulV4, "hopper": HopperMatmulV4}
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """C = A @ B.T for fp16 A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+    """C = A @ B.T for A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+
+    A, B and C are all fp16 or all bf16.
 
     Raises TypeError/ValueError naming the rule for input the kernels cannot take.
     """

@@ -7,8 +7,11 @@ docs/v5.md has the full ablation (each technique on and off, written by ablation
    store: the SM sat idle from the last MMA until the next block had loaded its first
    slot. v5 launches one block per SM (``num_sms``, an argument: the kernel is built once
    for every GPU) and each block walks the grouped tile order with a stride of the grid:
-   tile t, t + grid, ... The producer runs on into the next tile's loads while the
-   consumers still store the last one, so the ring is full when they come back.
+   tile t, t + grid, ... On Hopper the producer runs on into the next tile's loads while
+   the consumers still store the last one, so the ring is full when they come back. On
+   Blackwell all four warps store each tile, after a block-wide sync that holds the
+   producer too: the next tile's loads start only after the store, into an empty ring, and
+   persistence saves there only the launch and setup of a block (barriers, TMEM).
 2. The epilogue overlaps the next tile's main loop. The two consumer warpgroups still take
    turns with one output tile (``s_c_free``), and warpgroup 0 does not wait for
    warpgroup 1's turn: it goes on with the next tile while warpgroup 1 stores, so one
@@ -31,8 +34,9 @@ docs/v5.md has the full ablation (each technique on and off, written by ablation
    slot 0 (``producer_start_trips``), so the loop unrolled ``stages`` times indexes slots
    with constants, as in v4. Measured before the swizzle was added, it moved v5 with
    clusters by 0.1 to 0.7 points (at 4096^3 .. 4096 x 14336 x 4096): small, and kept
-   because it costs nothing at K a multiple of 256. Otherwise the cost is the padding
-   (K = 4104: 65 steps become 68).
+   because it costs nothing where stages x block_k divides K: K a multiple of 256 for the
+   4-stage 128 x 256 schedule, of 512 for the 8-stage 128 x 64 one. Otherwise the cost is
+   the padding (K = 4104, 4 stages: 65 steps become 68).
 
 Measured and not kept: a register split (``register_split=True``: 12 warps, the producer
 warpgroup gives registers to the consumers with setmaxnreg) ran within 0.6% of the
@@ -48,25 +52,20 @@ import sys
 import tilus
 import torch
 from tilus import DataType, GlobalTensor, RegisterTensor, SharedTensor, float16, float32, int32, uint32, void_p
-from tilus.hidet.ir.expr import if_then_else
 from tilus.hidet.ir.primitives.cuda.setmaxnreg import setmaxnreg
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.ir.layout.shared_layout import Swizzle, shared_layout
 from tilus.utils import cdiv
 
 import support
-from matmul_v4 import GroupedTileOrder
 from pipeline import Pipeline
+from schedulers import GroupedTileOrder, PersistentTileScheduler, persistent_blocks
 
 
-def persistent_blocks(units: int32, num_sms: int32, cluster: int):
-    """Blocks to launch: one per SM (whole clusters only), fewer when there are fewer units of work."""
-    clusters = num_sms // cluster
-    return if_then_else(units < clusters, units, clusters) * cluster
-
-
-# v4's Blackwell kernel made persistent, and nothing else: clusters (cta_group 2 on
-# Blackwell) and an epilogue overlapped through a second TMEM accumulator are the Blackwell
+# v4's Blackwell kernel made persistent, and nothing else. Its epilogue is not overlapped:
+# all four warps store each tile (one TMEM lane per thread), after a block-wide sync that
+# also holds the producer, so the next tile's loads wait for the store. Clusters (cta_group
+# 2) and an epilogue overlapped through a second TMEM accumulator are the Blackwell
 # counterparts of the Hopper techniques below, left for a GPU to measure them on. The space
 # is v4's.
 @tilus.autotune("block_m, block_n, e_block_n", [[128, 64, 32], [128, 128, 32], [128, 256, 32]])
@@ -109,86 +108,111 @@ class BlackwellMatmulV5(GroupedTileOrder, tilus.Script):
         self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
 
         # 2. operands: global views, shared tiles, the accumulator
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
-        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
-        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
-        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+        self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
+        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
+        self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
         # 3. barriers
-        pipe = Pipeline(self.stages, consumer_arrivals=1)  # the tensor core arrives once per slot
-        flush_barrier = self.mbarrier.alloc(counts=[1])
+        self.pipe = Pipeline(self.stages, consumer_arrivals=1)  # the tensor core arrives once per slot
+        self.flush_barrier = self.mbarrier.alloc(counts=[1])
         self.sync()
-        pipe.producer_start()
-        pipe.consumer_start()
+        self.pipe.producer_start()
+        self.pipe.consumer_start()
         flush_phase: uint32 = 0
+        # every tile takes whole trips round the ring, as on Hopper
         k_trips = cdiv(k_size, self.block_k * self.stages) * (self.block_k * self.stages)
 
-        # 1. the tiles of C this block computes: every gridDim.x-th, in the grouped order; sections
-        # 4 and 5 run once per tile, and the ring's cursors run on from tile to tile
+        # 1. the tiles of C this block computes: every gridDim.x-th, in the grouped order
         for tile in self.range(self.blockIdx.x, num_m * num_n, self.gridDim.x):
             tile_m, tile_n = self.grouped_tile(tile, num_m, num_n)
             offset_m: int32 = self.block_m * tile_m
             offset_n: int32 = self.block_n * tile_n
 
-            # 4. the K loop, one per role; the cursors run on from tile to tile
+            # 4. the K loop, one per role; the ring's cursors run on from tile to tile
             with self.thread_group(thread_begin=0, num_threads=32):  # producer: the TMA warp
-                pipe.producer_start_trips()
-                for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
-                    pipe.producer_acquire(transaction_bytes=s_a[0].nbytes + s_b[0].nbytes)
-                    self.tma.global_to_shared(
-                        src=g_a, dst=s_a[pipe.producer_stage], offsets=[offset_m, offset_k], mbarrier=pipe.producer_barrier()
-                    )
-                    self.tma.global_to_shared(
-                        src=g_b, dst=s_b[pipe.producer_stage], offsets=[offset_n, offset_k], mbarrier=pipe.producer_barrier()
-                    )
-                    pipe.producer_advance()
-
+                self.producer(offset_m, offset_n, k_trips)
             with self.thread_group(thread_begin=32, num_threads=32):  # consumer: the MMA warp
-                pipe.consumer_start_trips()
-                for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
-                    pipe.consumer_acquire()
-                    self.tcgen05.mma(
-                        s_a[pipe.consumer_stage], s_b[pipe.consumer_stage].transpose(), t_acc, enable_input_d=offset_k != 0
-                    )
-                    pipe.consumer_release_async()
-                    pipe.consumer_advance()
-                self.tcgen05.commit(mbarrier=flush_barrier)
-                self.mbarrier.wait(flush_barrier, phase=flush_phase)
+                self.mma(k_trips)
+                self.mbarrier.wait(self.flush_barrier, phase=flush_phase)  # every MMA has finished: TMEM holds the tile
             flush_phase ^= 1
+            self.sync()  # all four warps store the tile: the producer loads the next one only after
+
+            # 5. epilogue
+            self.epilogue(offset_m, offset_n)
+
+        self.tcgen05.dealloc(self.t_acc)
+
+    def producer(self, offset_m: int32, offset_n: int32, k_trips: int32):
+        """The TMA warp: every K step of the tile into the ring, as far ahead as the empty slots allow."""
+        self.pipe.producer_start_trips()
+        for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
+            self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
+            self.tma.global_to_shared(
+                src=self.g_a,
+                dst=self.s_a[self.pipe.producer_stage],
+                offsets=[offset_m, offset_k],
+                mbarrier=self.pipe.producer_barrier(),
+            )
+            self.tma.global_to_shared(
+                src=self.g_b,
+                dst=self.s_b[self.pipe.producer_stage],
+                offsets=[offset_n, offset_k],
+                mbarrier=self.pipe.producer_barrier(),
+            )
+            self.pipe.producer_advance()
+
+    def mma(self, k_trips: int32):
+        """The MMA warp, the ring's consumer: one tcgen05.mma per K step into TMEM, none waited for."""
+        self.pipe.consumer_start_trips()
+        for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
+            self.pipe.consumer_acquire()
+            # the first step overwrites TMEM, which holds the last tile
+            self.tcgen05.mma(
+                self.s_a[self.pipe.consumer_stage],
+                self.s_b[self.pipe.consumer_stage].transpose(),
+                self.t_acc,
+                enable_input_d=offset_k != 0,
+            )
+            # no wait: the hardware arrives on the slot's empty barrier once this MMA has finished
+            self.pipe.consumer_release_async()
+            self.pipe.consumer_advance()
+
+        # flush barrier: one more commit tracks every MMA issued above
+        self.tcgen05.commit(mbarrier=self.flush_barrier)
+
+    def epilogue(self, offset_m: int32, offset_n: int32):
+        """TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time, by all 4 warps."""
+        for e_offset_n in range(0, self.block_n, self.e_block_n):
+            t_acc_slice = self.tcgen05.slice(
+                self.t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
+            )
+            r_acc = self.tcgen05.load(t_acc_slice)
+            self.tcgen05.wait_load()
+            self.store_shared(self.s_c, r_acc.to(self.dtype))
+            # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
+            self.fence.proxy_async(space="shared")
             self.sync()
-
-            # 5. epilogue: TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time
-            for e_offset_n in range(0, self.block_n, self.e_block_n):
-                t_acc_slice = self.tcgen05.slice(
-                    t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
-                )
-                r_acc = self.tcgen05.load(t_acc_slice)
-                self.tcgen05.wait_load()
-                self.store_shared(s_c, r_acc.to(self.dtype))
-                self.fence.proxy_async(space="shared")
-                self.sync()
-                with self.single_warp():
-                    self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n + e_offset_n], dims=[0, 1])
-                    self.tma.commit_group()
-                    self.tma.wait_group(n=0, read=True)
-                self.sync()
-
-        self.tcgen05.dealloc(t_acc)
+            with self.single_warp():
+                self.tma.shared_to_global(self.s_c, self.g_c, offsets=[offset_m, offset_n + e_offset_n], dims=[0, 1])
+                self.tma.commit_group()
+                self.tma.wait_group(n=0, read=True)  # s_c is rewritten next iteration
+            self.sync()
 
 
 # v4's tiles and group sizes; cluster_m: 1 or 2 CTAs stacked in M sharing B. Clusters pay
-# where B traffic dominates (8192^3) and may cost where there are few units of work to
-# balance (2048 x 2048 x 8192: 64 tiles, 32 clusters), so the tuner picks per shape. The
-# switches after cluster_m are for the ablation (docs/ablation.py), not tuned: their
-# defaults are what measured best.
-@tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 64, 8]])
+# where B traffic dominates (8192^3) and may cost where every tile fits in one wave
+# (2048 x 2048 x 8192: 16 x 8 = 128 tiles of 128 x 256, 64 units in clusters of 2), so the
+# tuner picks per shape. The switches after cluster_m are for the ablation
+# (docs/ablation.py), not tuned: their defaults are what measured best.
+@tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 128, 6], [128, 64, 8]])
 @tilus.autotune("block_k", [64])
 @tilus.autotune("group_m", [8, 16, 32])
 @tilus.autotune("cluster_m", [1, 2])
-class HopperMatmulV5(GroupedTileOrder, tilus.Script):
+class HopperMatmulV5(tilus.Script):
     def __init__(
         self,
         block_m: int,
@@ -211,9 +235,17 @@ class HopperMatmulV5(GroupedTileOrder, tilus.Script):
         self.group_m = group_m
         self.cluster_m = cluster_m
         self.register_split = register_split
-        self.overlap_epilogue = overlap_epilogue
-        self.swizzled_store = swizzled_store
-        self.consumer_m = block_m // 2
+        self.consumer_m = block_m // 2  # rows of the tile each consumer warpgroup owns
+        # a CTA's loads of B go to every CTA of its cluster
+        self.multicast_mask = (1 << cluster_m) - 1 if cluster_m > 1 else None
+        # the ablation turns a technique off by swapping in, here and once, the method that
+        # does without it: no loop tests a switch
+        if not overlap_epilogue:
+            self.load_units = self.load_units_after_stores
+            self.release_s_c = self.release_s_c_and_signal_producer
+        if not swizzled_store:
+            self.output_tile = self.output_tile_row_major
+            self.epilogue = self.epilogue_row_major
 
     def __call__(
         self,
@@ -234,168 +266,200 @@ class HopperMatmulV5(GroupedTileOrder, tilus.Script):
         self.attrs.cluster_blocks = self.cluster_m
         self.attrs.warps = 12 if self.register_split else 9
 
-        # 2. operands
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
-        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
-        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.consumer_m, self.block_k])
+        # 2. operands: global views, shared tiles (each consumer holds its own accumulator)
+        self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        # A's slot holds one half per consumer; both consumers read the whole B slot
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.consumer_m, self.block_k])
         # B's slot in cluster_m parts: each CTA of the cluster loads one part into every CTA
-        s_b = self.shared_tensor(
+        self.s_b = self.shared_tensor(
             dtype=self.dtype, shape=[self.stages, self.cluster_m, self.block_n // self.cluster_m, self.block_k]
         )
-        if self.swizzled_store:
-            # 64-column boxes, each with TMA's 128-byte swizzle: row r's 16-byte chunk c sits at
-            # chunk c ^ (r % 8), so the 8 rows an stmatrix writes hit 8 different bank groups
-            boxes = self.block_n // 64
-            s_c = self.shared_tensor(dtype=self.dtype, shape=[boxes, self.consumer_m, 64])
-            self.annotate_layout(s_c, shared_layout(
-                shape=[boxes, self.consumer_m, 64], mode_shape=[boxes, self.consumer_m, 64],
-                mode_strides=[self.consumer_m * 64, 64, 1], optional_swizzle=Swizzle(base=3, bits=3, shift=3),
-            ))
-        else:
-            s_c = self.shared_tensor(dtype=self.dtype, shape=[self.consumer_m, self.block_n])
-            self.annotate_layout(s_c, shared_row_major(self.consumer_m, self.block_n))
+        # one output tile for both consumers, in turn, as in v4
+        self.s_c = self.output_tile()
 
         # 3. barriers: a slot is free once both consumer warpgroups of every CTA that reads it let go
-        pipe = Pipeline(self.stages, consumer_arrivals=2 * self.cluster_m)
-        s_c_free = self.mbarrier.alloc(counts=[1, 1])  # s_c is free for warpgroup 0, 1
-        tile_done = self.mbarrier.alloc(counts=[2])  # both consumers have stored their rows
+        self.pipe = Pipeline(self.stages, consumer_arrivals=2 * self.cluster_m)
+        self.s_c_free = self.mbarrier.alloc(counts=[1, 1])  # s_c is free for warpgroup 0, 1
+        self.tile_done = self.mbarrier.alloc(counts=[2])  # the ablation's: both consumers have stored their rows
         if self.cluster_m > 1:
             self.cluster.sync()  # a peer may signal our barriers only once they are initialised
             rank: int32 = self.cluster.blockRank
         else:
             self.sync()
             rank: int32 = 0
+        self.rank = rank  # this CTA's place in its cluster
         # every tile takes whole trips round the ring (TMA fills the steps past K with zeros),
         # so each tile starts at slot 0 and the unrolled loops index slots by constants
         k_trips = cdiv(k_size, self.block_k * self.stages) * (self.block_k * self.stages)
-        first_unit = self.blockIdx.x // self.cluster_m
-        unit_step = self.gridDim.x // self.cluster_m
+        # 1. the units of work of this block (this cluster): every unit_step-th, in grouped order
+        self.scheduler = PersistentTileScheduler(num_units_m, num_n, num_units, self.group_m, self.cluster_m, rank)
 
-        # 4. the K loop of every tile, one per role: the producer here, each consumer in consumer()
+        # 4. the K loop of every tile, one per role: the producer, each consumer
+        self.producer(k_trips)
+        self.consumer(0, k_trips)
+        self.consumer(1, k_trips)
+
+        if self.cluster_m > 1:
+            self.cluster.sync()  # stay until the peer has stopped writing into our slots and barriers
+
+    def output_tile(self):
+        """s_c in 64-column boxes, each with TMA's 128-byte swizzle: no bank conflicts, a TMA store per box."""
+        # row r's 16-byte chunk c sits at chunk c ^ (r % 8), so the 8 rows an stmatrix writes
+        # hit 8 different bank groups
+        boxes = self.block_n // 64
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[boxes, self.consumer_m, 64])
+        self.annotate_layout(s_c, shared_layout(
+            shape=[boxes, self.consumer_m, 64], mode_shape=[boxes, self.consumer_m, 64],
+            mode_strides=[self.consumer_m * 64, 64, 1], optional_swizzle=Swizzle(base=3, bits=3, shift=3),
+        ))
+        return s_c
+
+    def producer(self, k_trips: int32):
+        """The TMA warp: every K step of every unit of this block, as far ahead as the ring allows."""
         producer_threads = 128 if self.register_split else 32
         with self.thread_group(thread_begin=256, num_threads=producer_threads):
             if self.register_split:
                 setmaxnreg(40, "dec")  # the producer warpgroup gives registers to the consumers
             with self.thread_group(thread_begin=0, num_threads=32):  # producer: the TMA warp
-                pipe.producer_start()
-                done_phase: uint32 = 0
-                # 1. the units of work of this block (this cluster): every unit_step-th, in grouped order
-                for unit in self.range(first_unit, num_units, unit_step):
-                    tile_m, tile_n = self.unit_tile(unit, num_units_m, num_n, rank)
-                    if not self.overlap_epilogue:
-                        if unit != first_unit:
-                            self.mbarrier.wait(tile_done, phase=done_phase)
-                            done_phase ^= 1
-                    pipe.producer_start_trips()
-                    for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
-                        pipe.producer_acquire(transaction_bytes=s_a[0].nbytes + s_b[0].nbytes)
-                        for part in range(2):
-                            self.tma.global_to_shared(
-                                src=g_a,
-                                dst=s_a[pipe.producer_stage, part],
-                                offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k],
-                                mbarrier=pipe.producer_barrier(),
-                            )
-                        self.load_b(g_b, s_b, pipe, self.block_n * tile_n, offset_k, rank)
-                        pipe.producer_advance()
+                self.pipe.producer_start()
+                self.load_units(k_trips)
 
-        self.consumer(0, pipe, s_a, s_b, s_c, s_c_free, tile_done, g_c, rank, first_unit, unit_step, num_units,
-                      num_units_m, num_n, k_trips)
-        self.consumer(1, pipe, s_a, s_b, s_c, s_c_free, tile_done, g_c, rank, first_unit, unit_step, num_units,
-                      num_units_m, num_n, k_trips)
+    def load_units(self, k_trips: int32):
+        """Tile after tile with nothing in between: the next tile's loads overlap the last one's epilogue."""
+        for unit in self.scheduler.units():
+            tile_m, tile_n = self.scheduler.tile(unit)
+            self.load_tile(tile_m, tile_n, k_trips)
 
-        if self.cluster_m > 1:
-            self.cluster.sync()  # stay until the peer has stopped writing into our slots and barriers
+    def load_tile(self, tile_m: int32, tile_n: int32, k_trips: int32):
+        """The tile's K loop, whole trips round the ring: A in two halves, one per consumer, then B."""
+        self.pipe.producer_start_trips()
+        for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
+            self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
+            for part in range(2):
+                self.tma.global_to_shared(
+                    src=self.g_a,
+                    dst=self.s_a[self.pipe.producer_stage, part],
+                    offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k],
+                    mbarrier=self.pipe.producer_barrier(),
+                )
+            self.load_b(self.block_n * tile_n, offset_k)
+            self.pipe.producer_advance()
 
-    def unit_tile(self, unit: int32, num_units_m: int32, num_n: int32, rank: int32):
-        """The tile of unit `unit` this CTA computes: rank-th of the cluster's cluster_m tiles in M."""
-        unit_m, tile_n = self.grouped_tile(unit, num_units_m, num_n)
-        return unit_m * self.cluster_m + rank, tile_n
-
-    def load_b(self, g_b: GlobalTensor, s_b: SharedTensor, pipe: Pipeline, offset_n: int32, offset_k: int32,
-               rank: int32):
+    def load_b(self, offset_n: int32, offset_k: int32):
         """Load slot producer_stage of B: all of it alone, or this CTA's part, multicast to the cluster."""
         part_n = self.block_n // self.cluster_m
         self.tma.global_to_shared(
-            src=g_b,
-            dst=s_b[pipe.producer_stage, rank],
-            offsets=[offset_n + rank * part_n, offset_k],
-            mbarrier=pipe.producer_barrier(),
-            multicast_mask=(1 << self.cluster_m) - 1 if self.cluster_m > 1 else None,
+            src=self.g_b,
+            dst=self.s_b[self.pipe.producer_stage, self.rank],
+            offsets=[offset_n + self.rank * part_n, offset_k],
+            mbarrier=self.pipe.producer_barrier(),
+            multicast_mask=self.multicast_mask,
         )
 
-    def consumer(
-        self,
-        warpgroup: int,
-        pipe: Pipeline,
-        s_a: SharedTensor,
-        s_b: SharedTensor,
-        s_c: SharedTensor,
-        s_c_free: RegisterTensor,
-        tile_done: RegisterTensor,
-        g_c: GlobalTensor,
-        rank: int32,
-        first_unit: int32,
-        unit_step: int32,
-        num_units: int32,
-        num_units_m: int32,
-        num_n: int32,
-        k_trips: int32,
-    ):
+    def consumer(self, warpgroup: int, k_trips: int32):
+        """One consumer warpgroup: its rows of every unit's tile, the K loop then the epilogue."""
         with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
             if self.register_split:
                 setmaxnreg(232, "inc")
-            pipe.consumer_start()
+            self.pipe.consumer_start()
             c_phase: uint32 = 1 - warpgroup  # warpgroup 0 writes s_c first
-            for unit in self.range(first_unit, num_units, unit_step):
-                tile_m, tile_n = self.unit_tile(unit, num_units_m, num_n, rank)
-                acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
-                pipe.consumer_start_trips()
-                for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
-                    pipe.consumer_acquire()
-                    s_b_slot = self.reshape_shared(s_b[pipe.consumer_stage], [self.block_n, self.block_k])
-                    self.wgmma.fence()
-                    self.wgmma.mma(s_a[pipe.consumer_stage, warpgroup], s_b_slot.transpose(), acc)
-                    self.wgmma.commit_group()
-                    self.wgmma.wait_group(1)
-                    if offset_k > 0:
-                        pipe.consumer_release_previous_in_cluster(self.cluster_m, rank)
-                    pipe.consumer_advance()
-                self.wgmma.wait_group(0)
-                pipe.consumer_release_previous_in_cluster(self.cluster_m, rank)
+            for unit in self.scheduler.units():
+                tile_m, tile_n = self.scheduler.tile(unit)
+                acc = self.mma(warpgroup, k_trips)
 
                 # 5. epilogue: the two consumers take turns with s_c
-                self.mbarrier.wait(s_c_free[warpgroup], phase=c_phase)
+                self.mbarrier.wait(self.s_c_free[warpgroup], phase=c_phase)
                 c_phase ^= 1
-                offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
-                offset_n = self.block_n * tile_n
-                if self.swizzled_store:
-                    s_c_rows = self.reshape_shared(s_c.permute([1, 0, 2]), [self.consumer_m, self.block_n])
-                    self.store_shared(s_c_rows, acc.to(self.dtype))
-                else:
-                    self.store_shared(s_c, acc.to(self.dtype))
-                self.fence.proxy_async(space="shared")
-                self.sync()
-                with self.single_warp():
-                    if self.swizzled_store:
-                        for box in range(self.block_n // 64):
-                            self.tma.shared_to_global(s_c[box], g_c, offsets=[offset_m, offset_n + box * 64], dims=[0, 1])
-                    else:
-                        self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n], dims=[0, 1])
-                    self.tma.commit_group()
-                    self.tma.wait_group(n=0, read=True)
-                    with self.single_thread():
-                        self.mbarrier.arrive(s_c_free[1 - warpgroup])
-                        if not self.overlap_epilogue:
-                            self.mbarrier.arrive(tile_done)
+                self.epilogue(warpgroup, acc, tile_m, tile_n)
+
+    def mma(self, warpgroup: int, k_trips: int32):
+        """This warpgroup's rows of one tile, whole trips round the ring, into a fresh accumulator."""
+        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+        self.pipe.consumer_start_trips()
+        for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
+            self.pipe.consumer_acquire()
+            s_b_slot = self.reshape_shared(self.s_b[self.pipe.consumer_stage], [self.block_n, self.block_k])
+            self.wgmma.fence()
+            self.wgmma.mma(self.s_a[self.pipe.consumer_stage, warpgroup], s_b_slot.transpose(), acc)
+            self.wgmma.commit_group()
+            self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
+            if offset_k > 0:
+                self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
+            self.pipe.consumer_advance()
+        # Hopper's flush: the accumulator is final only now, and the tile's last slot is free
+        self.wgmma.wait_group(0)
+        self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
+        return acc
+
+    def epilogue(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
+        """Registers -> the swizzled s_c -> global, one TMA store per 64-column box; then s_c is the other's."""
+        offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
+        offset_n = self.block_n * tile_n
+        # the four boxes seen as one consumer_m x block_n tile: the store is v4's
+        s_c_rows = self.reshape_shared(self.s_c.permute([1, 0, 2]), [self.consumer_m, self.block_n])
+        self.store_shared(s_c_rows, acc.to(self.dtype))
+        # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
+        self.fence.proxy_async(space="shared")
+        self.sync()  # this warpgroup only (a named barrier)
+        with self.single_warp():
+            for box in range(self.block_n // 64):
+                self.tma.shared_to_global(self.s_c[box], self.g_c, offsets=[offset_m, offset_n + box * 64], dims=[0, 1])
+            self.tma.commit_group()
+            self.tma.wait_group(n=0, read=True)  # the TMA engine has read s_c: the next writer may go
+            with self.single_thread():
+                self.release_s_c(warpgroup)
+
+    def release_s_c(self, warpgroup: int):
+        """Hand s_c to the other warpgroup; this one goes on to its next tile at once."""
+        self.mbarrier.arrive(self.s_c_free[1 - warpgroup])
+
+    # The ablation's variants (docs/ablation.py), each swapped in by __init__ for the method above it.
+
+    def load_units_after_stores(self, k_trips: int32):
+        """overlap_epilogue=False: before each tile but the first, wait until both consumers stored the last."""
+        done_phase: uint32 = 0
+        for unit in self.scheduler.units():
+            tile_m, tile_n = self.scheduler.tile(unit)
+            if unit != self.scheduler.first_unit:
+                self.mbarrier.wait(self.tile_done, phase=done_phase)
+                done_phase ^= 1
+            self.load_tile(tile_m, tile_n, k_trips)
+
+    def release_s_c_and_signal_producer(self, warpgroup: int):
+        """overlap_epilogue=False: hand s_c on, and tell the producer this warpgroup's rows are stored."""
+        self.mbarrier.arrive(self.s_c_free[1 - warpgroup])
+        self.mbarrier.arrive(self.tile_done)
+
+    def output_tile_row_major(self):
+        """swizzled_store=False: v4's output tile, row-major, one TMA box."""
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.consumer_m, self.block_n])
+        self.annotate_layout(s_c, shared_row_major(self.consumer_m, self.block_n))
+        return s_c
+
+    def epilogue_row_major(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
+        """swizzled_store=False: v4's row-major s_c (8-way bank conflicts on every stmatrix), one TMA store."""
+        offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
+        offset_n = self.block_n * tile_n
+        self.store_shared(self.s_c, acc.to(self.dtype))
+        self.fence.proxy_async(space="shared")
+        self.sync()
+        with self.single_warp():
+            self.tma.shared_to_global(self.s_c, self.g_c, offsets=[offset_m, offset_n], dims=[0, 1])
+            self.tma.commit_group()
+            self.tma.wait_group(n=0, read=True)
+            with self.single_thread():
+                self.release_s_c(warpgroup)
 
 
 KERNELS = {"blackwell": BlackwellMatmulV5, "hopper": HopperMatmulV5}
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """C = A @ B.T for fp16 A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+    """C = A @ B.T for A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+
+    A, B and C are all fp16 or all bf16.
 
     Raises TypeError/ValueError naming the rule for input the kernels cannot take.
     """

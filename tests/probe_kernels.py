@@ -1,10 +1,10 @@
-"""Small kernels that test one piece of a stage on its own: the Pipeline ring and the tile order."""
+"""Small kernels that test one piece of a version on its own: the Pipeline ring and the tile order."""
 
 import tilus
 from tilus import float16, int32
 
-from matmul_v4 import GroupedTileOrder
 from pipeline import Pipeline
+from schedulers import GroupedTileOrder
 
 TILE = 64  # rows and columns of one slot of PipelineCopy
 
@@ -14,7 +14,7 @@ class PipelineCopy(tilus.Script):
 
     A producer warp loads tile i into slot producer_stage; a consumer warpgroup reads the
     slot, writes it to the destination and frees it (advance, then release the previous
-    slot: the one just read). With steps much larger than stages, every barrier goes
+    slot: the one just read). Every thread arrives after its own reads. With steps much larger than stages, every barrier goes
     through many phases: a wrong initial phase, arrival count or flip deadlocks the
     block, a slot freed too early gets overwritten before it is read.
     """

@@ -6,12 +6,12 @@ import pytest
 
 from support import build, cache, gpu
 
-STAGES = sorted(path.stem for path in cache.REPO.glob("matmul_v*.py"))
+VERSIONS = sorted(path.stem for path in cache.REPO.glob("matmul_v*.py"))
 ARCHS = sorted(gpu.ARCHS)
 
 
 def child_env(**extra) -> dict:
-    """The environment of a child Python process that imports the stages, support and the test modules."""
+    """The environment of a child Python process that imports the versions, support and the test modules."""
     paths = [str(cache.REPO), str(cache.REPO / "tests"), os.environ.get("PYTHONPATH", "")]
     return os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, paths))} | {k: str(v) for k, v in extra.items()}
 
@@ -36,16 +36,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def built():
-    """built(stage, arch) -> one build.BuildResult per schedule, built once per session."""
+    """built(version, arch) -> one build.BuildResult per schedule, built once per session."""
     results = {}
 
-    def build_stage(stage: str, arch: str):
-        if (stage, arch) not in results:
-            kernel = importlib.import_module(stage).KERNELS[arch]
-            results[stage, arch] = build.build_schedules(kernel, arch, progress=lambda line: None)
-        return results[stage, arch]
+    def build_version(version: str, arch: str):
+        if (version, arch) not in results:
+            kernel = importlib.import_module(version).KERNELS[arch]
+            results[version, arch] = build.build_schedules(kernel, arch, progress=lambda line: None)
+        return results[version, arch]
 
-    return build_stage
+    return build_version
 
 
 _DTYPE_BYTES = {"float16": 2, "float32": 4, "uint64": 8, "uint32": 4, "int32": 4, "uint8": 1}

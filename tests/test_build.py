@@ -9,27 +9,27 @@ from pathlib import Path
 
 import pytest
 import tilus
-from conftest import ARCHS, STAGES, overlaps, shared_memory_map
+from conftest import ARCHS, VERSIONS, overlaps, shared_memory_map
 
 from support import build, cache, dispatch, gpu
 
 pytestmark = pytest.mark.parametrize("arch", ARCHS)
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_every_schedule_builds(built, stage, arch):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_schedule_builds(built, version, arch):
     # tilus' autotuner silently drops schedules that fail to build: count them here
-    results = built(stage, arch)
-    kernel = importlib.import_module(stage).KERNELS[arch]
+    results = built(version, arch)
+    kernel = importlib.import_module(version).KERNELS[arch]
     assert len(results) == dispatch.space_size(kernel)
     failed = {dispatch.format_schedule(r.schedule): r.error.strip().splitlines()[-1] for r in results if not r.ok}
     assert not failed, f"{kernel.__name__} schedules that do not build for {gpu.ARCHS[arch].sm}: {failed}"
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_tensor_core_instructions_no_local_memory_no_ptxas_warnings(built, stage, arch):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_tensor_core_instructions_no_local_memory_no_ptxas_warnings(built, version, arch):
     instruction = gpu.ARCHS[arch].mma_instruction
-    for r in built(stage, arch):
+    for r in built(version, arch):
         schedule = dispatch.format_schedule(r.schedule)
         assert r.mma_count > 0, f"{schedule}: no {instruction} in the PTX"
         # spills or a stack frame put registers in local memory, and ptxas warns when it
@@ -38,12 +38,12 @@ def test_tensor_core_instructions_no_local_memory_no_ptxas_warnings(built, stage
         assert not r.ptxas_warnings, f"{schedule}: {r.ptxas_warnings}"
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_bf16_builds_with_bf16_tensor_core_instructions(stage, arch):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_bf16_builds_with_bf16_tensor_core_instructions(version, arch):
     # one kernel source per architecture, built for bf16 by its dtype argument. Every bf16
     # schedule of the newest version, the first of each other: all of them would double CI's builds
-    kernel = importlib.import_module(stage).KERNELS[arch]
-    limit = None if stage == STAGES[-1] else 1
+    kernel = importlib.import_module(version).KERNELS[arch]
+    limit = None if version == VERSIONS[-1] else 1
     results = build.build_schedules(kernel, arch, progress=lambda line: None, script_kwargs={"dtype": tilus.bfloat16},
                                     limit=limit)
     assert len(results) == (dispatch.space_size(kernel) if limit is None else 1)
@@ -88,13 +88,23 @@ print(json.dumps([r.error, r.spill_bytes, r.stack_bytes, r.ptxas_warnings, str(r
     assert "__launch_bounds__(384, 1)" in (module / "source.cu").read_text()  # compat defect 5
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_shared_memory_fits_what_the_kernel_uses(built, stage, arch):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_shared_memory_fits_what_the_kernel_uses(built, version, arch):
     # tilus 0.2.0 could under-allocate shared memory (Blackwell) and could put barriers on
     # top of tiles (compat defect 3): check each kernel's map of shared memory
-    for r in built(stage, arch):
+    for r in built(version, arch):
         tiles, barriers, dynamic = shared_memory_map((r.module_dir / "source.cu").read_text())
         schedule = dispatch.format_schedule(r.schedule)
         assert tiles, schedule
         assert all(offset + size <= dynamic for offset, size in [*tiles, barriers]), (schedule, tiles, barriers, dynamic)
         assert not any(overlaps(tile, barriers) for tile in tiles), (schedule, tiles, barriers)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_launch_function_sets_the_shared_memory_limit_once_per_device(built, version, arch):
+    # compat defect 6: tilus 0.2.0 asks the driver twice on every call
+    for r in built(version, arch):
+        source = (r.module_dir / "source.cu").read_text()
+        launch = source[source.index("DLL void tilus_launch"):]
+        calls = launch.count("cudaFuncSetAttribute(")
+        assert calls == launch.count("tilus_smem_limit_set[tilus_device] < "), dispatch.format_schedule(r.schedule)

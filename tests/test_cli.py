@@ -1,17 +1,17 @@
-"""The command line every stage shares (cli.main)."""
+"""The command line every version shares (cli.main)."""
 
 import subprocess
 import sys
 
 import pytest
-from conftest import STAGES, no_gpu_reason
+from conftest import VERSIONS, no_gpu_reason
 
 from support import cache, cli, dispatch, gpu
 
 
-def run_stage(stage: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+def run_version(version: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, f"{stage}.py", *args], cwd=cache.REPO, capture_output=True, text=True, timeout=timeout
+        [sys.executable, f"{version}.py", *args], cwd=cache.REPO, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -22,34 +22,34 @@ def test_parse_size(text, size):
 
 @pytest.mark.parametrize("text", ["0", "12x4", "axbxc", "8x8x-8"])
 def test_bad_size_is_a_usage_error(text):
-    proc = run_stage("matmul_v1", "--sizes", text, "--check-only")
+    proc = run_version("matmul_v1", "--sizes", text, "--check-only")
     assert proc.returncode == 2
     assert "expected N (for N x N x N) or MxNxK" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_unknown_dtype_is_a_usage_error():
-    proc = run_stage("matmul_v1", "--dtype", "fp32", "--check-only")
+    proc = run_version("matmul_v1", "--dtype", "fp32", "--check-only")
     assert proc.returncode == 2
     assert "argument --dtype: invalid choice: 'fp32'" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("arch", sorted(gpu.ARCHS))
-def test_compile_only(stage, arch, built):
-    built(stage, arch)  # reuse the session's builds: the CLI finds them in the same cache
-    proc = run_stage(stage, "--compile-only", "--arch", arch)
+def test_compile_only(version, arch, built):
+    built(version, arch)  # reuse the session's builds: the CLI finds them in the same cache
+    proc = run_version(version, "--compile-only", "--arch", arch)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    kernel = __import__(stage).KERNELS[arch]
+    kernel = __import__(version).KERNELS[arch]
     count = dispatch.space_size(kernel)
     assert f"{count}/{count} schedules built with {gpu.ARCHS[arch].mma_instruction}" in proc.stdout
 
 
-@pytest.mark.skipif(no_gpu_reason() is None, reason="this machine has a Hopper or Blackwell GPU: the stage runs instead")
-def test_without_a_gpu_the_stage_says_so_and_builds(built):
+@pytest.mark.skipif(no_gpu_reason() is None, reason="this machine has a Hopper or Blackwell GPU: the version runs instead")
+def test_without_a_gpu_the_version_says_so_and_builds(built):
     for arch in gpu.ARCHS:
         built("matmul_v1", arch)
-    proc = run_stage("matmul_v1")
+    proc = run_version("matmul_v1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first_line = proc.stdout.splitlines()[0]
     assert first_line.startswith("No Hopper or Blackwell GPU here (")

@@ -21,14 +21,15 @@ from support import cache, compat
 pytestmark = pytest.mark.skipif(not compat.needed(), reason=f"the defects are those of tilus {compat.AFFECTED_TILUS}")
 
 
-def build_as_released(workaround: str, stage: str, arch: str, tmp_path, schedule: dict | None = None) -> list[dict]:
+def build_as_released(workaround: str | tuple, version: str, arch: str, tmp_path, schedule: dict | None = None) -> list[dict]:
     pin = f"kernel.debug_schedule = {schedule!r}" if schedule else ""
+    names = (workaround,) if isinstance(workaround, str) else workaround
     code = f"""
-import json, {stage}
+import json, {version}
 from support import build, compat
-kernel = {stage}.KERNELS[{arch!r}]
+kernel = {version}.KERNELS[{arch!r}]
 {pin}
-with compat.disabled({workaround!r}):
+with compat.disabled(*{names!r}):
     results = build.build_schedules(kernel, {arch!r}, progress=lambda line: None)
 print(json.dumps([{{"error": r.error, "module_dir": str(r.module_dir), "warnings": r.ptxas_warnings}} for r in results]))
 """
@@ -65,6 +66,16 @@ def test_defect_5_kernels_carry_no_min_blocks_hint(tmp_path):
     assert not result["error"], result["error"]
     source = open(os.path.join(result["module_dir"], "source.cu")).read()
     assert "__launch_bounds__(384) " in source and "__launch_bounds__(384, 1)" not in source
+
+
+def test_defect_6_launch_function_sets_the_shared_memory_limit_twice_per_call(tmp_path):
+    # test_build checks that, with the workaround, every launch function asks only once per device
+    workarounds = ("smem_limit_once", "smem_limit_once_at_launch")
+    (result,) = build_as_released(workarounds, "matmul_v5", "hopper", tmp_path, V5_CLUSTER)
+    assert not result["error"], result["error"]
+    source = open(os.path.join(result["module_dir"], "source.cu")).read()
+    launch = source[source.index("DLL void tilus_launch"):]
+    assert launch.count("cudaFuncSetAttribute(") == 2 and "tilus_smem_limit_set" not in launch
 
 
 def test_defect_2_loop_invariant_hoisting_asserts(tmp_path):

@@ -5,7 +5,7 @@ import re
 import textwrap
 
 import pytest
-from conftest import ARCHS, STAGES
+from conftest import ARCHS, VERSIONS
 
 import plot
 from support import cache
@@ -38,14 +38,14 @@ def test_every_excerpt_names_its_source():
         assert text.count("```python") == len(EXCERPT.findall(text)), f"{doc.name} has a python block without a source"
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_every_stage_is_registered(stage):
-    # a new stage needs its walkthrough, its README row and its place in the packaging
-    version = stage.removeprefix("matmul_")
-    assert (cache.REPO / "docs" / f"{version}.md").exists()
-    assert f"| `{stage}.py` |" in (cache.REPO / "README.md").read_text()
-    assert f"({version}.md)" in (cache.REPO / "docs" / "index.md").read_text()
-    assert f'"{stage}"' in (cache.REPO / "pyproject.toml").read_text()
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_version_is_registered(version):
+    # a new version needs its walkthrough, its README row and its place in the packaging
+    page = version.removeprefix("matmul_")
+    assert (cache.REPO / "docs" / f"{page}.md").exists()
+    assert f"| `{version}.py` |" in (cache.REPO / "README.md").read_text()
+    assert f"({page}.md)" in (cache.REPO / "docs" / "index.md").read_text()
+    assert f'"{version}"' in (cache.REPO / "pyproject.toml").read_text()
 
 
 def test_results_tables_match_the_measurements(tmp_path):
@@ -67,8 +67,8 @@ def test_figures_referenced_exist():
 
 def test_evidence_tables_match_the_builds(built, tmp_path):
     # docs/evidence.py writes each page's table from the builds; CI rebuilds every schedule
-    tables = {stage.removeprefix("matmul_"): evidence.evidence_table({arch: built(stage, arch) for arch in ARCHS})
-              for stage in STAGES}
+    tables = {version.removeprefix("matmul_"): evidence.evidence_table({arch: built(version, arch) for arch in ARCHS})
+              for version in VERSIONS}
     copies = []
     for version in tables:
         page = cache.REPO / "docs" / f"{version}.md"
@@ -105,3 +105,100 @@ def test_every_page_is_linked_from_the_index():
     for page in DOCS:
         if page.name != "index.md":
             assert f"]({page.name})" in index, f"docs/index.md does not link {page.name}"
+
+
+_spec = importlib.util.spec_from_file_location("diagrams", cache.REPO / "docs" / "diagrams.py")
+diagrams = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(diagrams)
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.svg)\)")
+
+
+def _images(page):
+    return {(page.parent / target).resolve() for target in IMAGE.findall(page.read_text())}
+
+
+def test_diagrams_are_what_diagrams_py_writes(tmp_path):
+    import matplotlib
+
+    written = diagrams.main(tmp_path)
+    assert sorted(p.name for p in written) == sorted(f"{name}.svg" for name in diagrams.DRAWINGS)
+    again = diagrams.main(tmp_path / "again")
+    for path, rerun in zip(written, again):
+        assert path.read_bytes() == rerun.read_bytes(), f"{path.name} differs between two runs"
+    for path in written:
+        committed = diagrams.FIGURES / path.name
+        assert committed.exists(), f"docs/figures/{path.name} is missing: run python docs/diagrams.py"
+        drawn_with = re.search(rb"Matplotlib v([\w.]+)", committed.read_bytes())
+        if drawn_with and drawn_with.group(1).decode() != matplotlib.__version__:
+            pytest.skip(f"docs/figures/{path.name} was drawn with matplotlib {drawn_with.group(1).decode()}, "
+                        f"this is {matplotlib.__version__}: its bytes are not comparable")
+        assert committed.read_bytes() == path.read_bytes(), (
+            f"docs/figures/{path.name} is stale: run python docs/diagrams.py")
+
+
+def test_every_figure_is_linked_from_a_page():
+    linked_from_docs = set().union(*(_images(page) for page in DOCS))
+    for name in diagrams.DRAWINGS:
+        assert (diagrams.FIGURES / f"{name}.svg").resolve() in linked_from_docs, f"no page of docs/ shows {name}.svg"
+    linked = linked_from_docs | _images(cache.REPO / "README.md")
+    for figure in sorted(diagrams.FIGURES.glob("*.svg")):
+        assert figure.resolve() in linked, f"docs/figures/{figure.name} is shown by no page"
+
+
+def test_diagram_facts_match_the_kernels():
+    from tilus.lang.instructions.mbarrier import BarrierInstructionGroup
+
+    import matmul_v3
+    import matmul_v5
+
+    assert (diagrams.PRODUCER_INITIAL_PHASE, diagrams.CONSUMER_INITIAL_PHASE) == (
+        BarrierInstructionGroup.producer_initial_phase, BarrierInstructionGroup.consumer_initial_phase)
+    tile = [diagrams.BLOCK_M, diagrams.BLOCK_N]
+    assert [*tile, diagrams.V3_STAGES] in matmul_v3.HopperMatmulV3._autotune_space["block_m, block_n, stages"]
+    assert [*tile, diagrams.V5_STAGES] in matmul_v5.HopperMatmulV5._autotune_space["block_m, block_n, stages"]
+    assert diagrams.V5_CLUSTER in matmul_v5.HopperMatmulV5._autotune_space["cluster_m"]
+
+    def source(module):
+        return re.sub(r"\s+", " ", (cache.REPO / f"{module}.py").read_text())
+
+    v3, v5 = source("matmul_v3"), source("matmul_v5")
+    assert f"self.attrs.warps = {diagrams.V3_WARPS} " in v3
+    assert f"with self.thread_group(thread_begin={diagrams.V3_PRODUCER_THREAD}, num_threads=32): # producer" in v3
+    assert "full_barriers = self.mbarrier.alloc(counts=[1] * self.stages)" in v3
+    assert f"empty_barriers = self.mbarrier.alloc(counts=[{diagrams.V3_EMPTY_COUNT}] * self.stages)" in v3
+    assert f"self.attrs.warps = 12 if self.register_split else {diagrams.V5_WARPS}" in v5
+    assert diagrams.V5_EMPTY_COUNT == 2 * diagrams.V5_CLUSTER
+    assert "Pipeline(self.stages, consumer_arrivals=2 * self.cluster_m)" in v5
+    assert "s_c_free = self.mbarrier.alloc(counts=[1, 1])" in v5
+    assert "c_phase: uint32 = 1 - warpgroup" in v5  # warpgroup 0 takes the output tile first
+    assert "optional_swizzle=Swizzle(base={base}, bits={bits}, shift={shift})".format(**diagrams.SWIZZLE) in v5
+    assert f"self.shared_tensor(dtype=self.dtype, shape=[boxes, self.consumer_m, {diagrams.BOX_COLUMNS}])" in v5
+
+
+def test_the_swizzle_diagram_is_the_stated_rule():
+    # v5: chunk c of row r at chunk c ^ (r % 8), so one stmatrix matrix (chunk c of 8 rows) hits 8 bank groups
+    swizzled = diagrams.swizzled_chunks(rows=16)
+    assert all(p == c ^ (r % 8) for (r, c), p in swizzled.items())
+    assert all(len({swizzled[r, c] for r in range(r0, r0 + 8)}) == 8 for r0 in (0, 8) for c in range(8))
+    # v4: a 512-byte row puts chunk c of every row in the same 4 banks: an 8-way conflict
+    row_major = diagrams.row_major_chunks()
+    assert all(group == c for (r, c), group in row_major.items())
+
+
+def test_the_ring_diagram_follows_the_pipeline_contract():
+    steps = diagrams.ring_steps()
+    stages = diagrams.V5_STAGES
+    assert len(steps) > 2 * stages  # two trips round the ring and a bit
+    for step in steps:
+        trip = step["step"] // stages
+        assert step["stage"] == step["step"] % stages
+        assert step["producer_phase"] == diagrams.PRODUCER_INITIAL_PHASE ^ (trip % 2)
+        assert step["consumer_phase"] == diagrams.CONSUMER_INITIAL_PHASE ^ (trip % 2)
+        assert step["full"] > step["issue"] and step["work"] >= step["full"] and step["free"] > step["work"]
+        if trip == 0:
+            assert step["issue"] == step["ask"]  # the first trip's waits pass at once
+        else:
+            # a slot is refilled only once the consumer freed it, a trip earlier
+            assert step["issue"] >= steps[step["step"] - stages]["free"]
+    assert any(s["issue"] > s["ask"] for s in steps)  # the producer waits for an empty slot ...
+    assert steps[0]["work"] > steps[0]["take"]  # ... and the consumer's first wait blocks

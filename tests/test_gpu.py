@@ -1,6 +1,6 @@
 """GPU tests (marked `gpu`; skipped with the reason where there is no Hopper or Blackwell GPU).
 
-Every schedule of every stage, not only the tuned one, is checked in a child process under a
+Every schedule of every version, not only the tuned one, is checked in a child process under a
 timeout: a kernel that deadlocks fails its test with the kernel and schedule named instead
 of freezing the run.
 """
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from conftest import STAGES, child_env
+from conftest import VERSIONS, child_env
 
 from support import cache, gpu, measure
 
@@ -36,25 +36,25 @@ def run_child(args: list[str], timeout: float) -> str:
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize("stage", STAGES)
-def test_every_schedule_is_correct(stage, dtype):
-    output = run_child([sys.executable, f"{stage}.py", "--all-schedules", "--dtype", dtype, "--timeout", "30",
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_schedule_is_correct(version, dtype):
+    output = run_child([sys.executable, f"{version}.py", "--all-schedules", "--dtype", dtype, "--timeout", "30",
                         "--sizes", *SHAPES], 900)
     assert " 0 wrong results" in output
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_stage_checks_and_times_against_cublas(stage):
-    output = run_child([sys.executable, f"{stage}.py", "--sizes", "1000x1016x1024", "--repeat", "10"], 600)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_version_checks_and_times_against_cublas(version):
+    output = run_child([sys.executable, f"{version}.py", "--sizes", "1000x1016x1024", "--repeat", "10"], 600)
     assert "% of cuBLAS" in output
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("stage", STAGES)
-def test_matmul_matches_torch_and_fills_out(stage, dtype):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_matmul_matches_torch_and_fills_out(version, dtype):
     import importlib
 
-    module = importlib.import_module(stage)
+    module = importlib.import_module(version)
     a, b, ref = measure.random_inputs(333, 264, 520, seed=7, dtype=dtype)
     out = torch.full((333, 264), float("nan"), dtype=dtype, device="cuda")
     assert module.matmul(a, b, out=out) is out
@@ -65,8 +65,8 @@ def test_matmul_matches_torch_and_fills_out(stage, dtype):
     assert measure.relative_error(torch.matmul(a, b.T), ref) < measure.REL_ERR_TOL[dtype] / 2
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_later_calls_go_straight_to_the_launch_function(stage, monkeypatch):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_later_calls_go_straight_to_the_launch_function(version, monkeypatch):
     # after the first call of a size bucket: no tuning, no cache paths, no device queries, no tilus script or keys
     import importlib
     import inspect
@@ -76,7 +76,7 @@ def test_later_calls_go_straight_to_the_launch_function(stage, monkeypatch):
 
     from support import dispatch
 
-    module = importlib.import_module(stage)
+    module = importlib.import_module(version)
     a_all, b_all, _ = measure.random_inputs(256, 768, 1024, seed=11)
 
     def operands(m, n, k):
@@ -138,10 +138,10 @@ def test_arch_mismatch_is_a_usage_error():
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer is not installed")
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
-@pytest.mark.parametrize("stage", STAGES)
-def test_sanitizer_clean_at_a_small_size(stage, tool):
-    run_child([sys.executable, f"{stage}.py", "--all-schedules", "--sizes", "16"], 60)  # builds outside the sanitizer
-    args = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "1", sys.executable, f"{stage}.py"]
+@pytest.mark.parametrize("version", VERSIONS)
+def test_sanitizer_clean_at_a_small_size(version, tool):
+    run_child([sys.executable, f"{version}.py", "--all-schedules", "--sizes", "16"], 60)  # builds outside the sanitizer
+    args = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "1", sys.executable, f"{version}.py"]
     output = run_child([*args, "--all-schedules", "--timeout", "120", "--sizes", "129x264x72"], 900)
     clean = {"memcheck": "ERROR SUMMARY: 0 errors", "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors",
              "synccheck": "ERROR SUMMARY: 0 errors"}

@@ -13,7 +13,7 @@ def command(name: str) -> str:
     return match.group(1)
 
 
-def test_main_command_installs_and_runs_the_first_stage():
+def test_main_command_installs_and_runs_the_first_version():
     main = command("main")
     assert main.startswith('pip install -e ".[gpu]"') and "python matmul_v1.py" in main
     assert "gpu = [" in (cache.REPO / "pyproject.toml").read_text()

@@ -1,7 +1,7 @@
 """Reliability: every schedule on random shapes, the sanitizers, streams, graphs, long runs, the cache.
 
 CPU tests (CI): the random shapes are valid and reach every edge; two processes build one
-version into one cache at once; corrupt cache entries are rebuilt; a stage script runs
+version into one cache at once; corrupt cache entries are rebuilt; a version script runs
 from another working directory.
 
 GPU tests (marked ``gpu``) run their check in a child process under a timeout, as
@@ -34,12 +34,12 @@ import filelock
 import pytest
 import tilus
 import torch
-from conftest import ARCHS, STAGES, child_env
+from conftest import ARCHS, VERSIONS, child_env
 
 from support import build, cache, cli, dispatch, gpu, measure
 
 SEED = int(os.environ.get("MATMUL_RANDOM_SEED", "20250611"))
-SHAPES_PER_STAGE = 50  # per schedule: every schedule runs every shape
+SHAPES_PER_SCHEDULE = 50  # per schedule: every schedule runs every shape
 LARGEST = 9000  # the largest M, N or K drawn
 SMS = 132  # SMs of an H100 or H200 SXM: a persistent kernel's grid is SMS blocks
 # how often each kind of size is drawn for one dimension once the forced edges are in
@@ -67,7 +67,7 @@ def tile_sizes(script_cls) -> dict[str, list[int]]:
     return {name: sorted(sizes or {fallback[name]}) for name, sizes in found.items()}
 
 
-def random_shapes(seed: int, tiles: dict, count: int = SHAPES_PER_STAGE, largest: int = LARGEST, sms: int = SMS):
+def random_shapes(seed: int, tiles: dict, count: int = SHAPES_PER_SCHEDULE, largest: int = LARGEST, sms: int = SMS):
     """`count` valid shapes (M, N, K), N and K multiples of 8, biased toward the edges of the kernel's tiles.
 
     The first shapes each put a dimension on a named edge, so every seed has them all: 1 (8
@@ -144,9 +144,9 @@ def size_text(shape) -> str:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("stage", STAGES)
-def test_random_shapes_are_valid_seeded_and_reach_every_edge(stage, arch):
-    tiles = tile_sizes(importlib.import_module(stage).KERNELS[arch])
+@pytest.mark.parametrize("version", VERSIONS)
+def test_random_shapes_are_valid_seeded_and_reach_every_edge(version, arch):
+    tiles = tile_sizes(importlib.import_module(version).KERNELS[arch])
     block_m, block_n, block_k = tiles["block_m"], tiles["block_n"], tiles["block_k"]
     for seed in (SEED, 0, 1, 2):
         shapes = random_shapes(seed, tiles)
@@ -233,9 +233,9 @@ def run_together(commands: list[list[str]], env: dict, timeout: float, cwd=cache
 # ---------------------------------------------------------------- GPU: every schedule on random shapes
 
 
-def check_random_shapes(stage: str, seed: int, timeout_s: float, dtype: str = "fp16") -> None:
-    """Every compiled schedule of the stage's kernel for this GPU on every random shape of the seed."""
-    script_cls = importlib.import_module(stage).KERNELS[gpu.gpu_arch()]
+def check_random_shapes(version: str, seed: int, timeout_s: float, dtype: str = "fp16") -> None:
+    """Every compiled schedule of the version's kernel for this GPU on every random shape of the seed."""
+    script_cls = importlib.import_module(version).KERNELS[gpu.gpu_arch()]
     name = f"{script_cls.__name__} ({dtype})"
     shapes = random_shapes(seed, tile_sizes(script_cls))
     print(f"{name}, seed {seed}: {' '.join(map(size_text, shapes))}", flush=True)
@@ -249,8 +249,8 @@ def check_random_shapes(stage: str, seed: int, timeout_s: float, dtype: str = "f
             failures += 1
             print(
                 f"FAIL {name} [{schedule}] at {m}x{n}x{k}: relative error {err:.2e} (seed {seed}); replay: "
-                f"MATMUL_RANDOM_SEED={seed} pytest tests/test_reliability.py -k 'random_shapes and {stage}', "
-                f"or python {stage}.py --all-schedules --dtype {dtype} --sizes {m}x{n}x{k}",
+                f"MATMUL_RANDOM_SEED={seed} pytest tests/test_reliability.py -k 'random_shapes and {version}', "
+                f"or python {version}.py --all-schedules --dtype {dtype} --sizes {m}x{n}x{k}",
                 flush=True,
             )
     print(
@@ -263,17 +263,17 @@ def check_random_shapes(stage: str, seed: int, timeout_s: float, dtype: str = "f
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize("stage", STAGES)
-def test_every_schedule_on_random_shapes(stage, dtype):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_schedule_on_random_shapes(version, dtype):
     # bf16 draws its own shapes (the next seed): together the two dtypes cover twice as many
     seed = SEED + (dtype == "bf16")
-    output = run_check("check_random_shapes", stage, seed, 60.0, dtype, timeout=1800).stdout
+    output = run_check("check_random_shapes", version, seed, 60.0, dtype, timeout=1800).stdout
     (result,) = [line for line in output.splitlines() if line.startswith("RESULT ")]
     schedules, shapes, launches, failures = map(
         int, re.search(r"(\d+) schedules x (\d+) shapes = (\d+) launches, (\d+) failures", result).groups()
     )
-    kernel = importlib.import_module(stage).KERNELS[gpu.gpu_arch()]
-    assert schedules == dispatch.space_size(kernel) and shapes >= SHAPES_PER_STAGE, result
+    kernel = importlib.import_module(version).KERNELS[gpu.gpu_arch()]
+    assert schedules == dispatch.space_size(kernel) and shapes >= SHAPES_PER_SCHEDULE, result
     assert launches == schedules * shapes and failures == 0, result
 
 
@@ -297,14 +297,14 @@ SANITIZER_CLEAN = {"synccheck": "ERROR SUMMARY: 0 errors", "initcheck": "ERROR S
 _tuned_for_sanitizer: set[str] = set()
 
 
-def check_tuned_call(stage: str, m: int, n: int, k: int) -> None:
+def check_tuned_call(version: str, m: int, n: int, k: int) -> None:
     """matmul at one size as a user calls it: the tuned schedule, into an output filled with NaN.
 
     Filled, not fresh from torch.empty: initcheck reports reading memory back (a cudaMemcpy
     source) that it has not seen written, and it may not count the kernel's TMA stores as
     writes. A tile the kernel leaves unwritten stays NaN and fails the check instead.
     """
-    module = importlib.import_module(stage)
+    module = importlib.import_module(version)
     generator = torch.Generator().manual_seed(0)
     a_host = torch.randn((m, k), generator=generator).half()
     b_host = torch.randn((n, k), generator=generator).half()
@@ -313,25 +313,25 @@ def check_tuned_call(stage: str, m: int, n: int, k: int) -> None:
     out = torch.full((m, n), math.nan, dtype=torch.float16, device="cuda")
     assert module.matmul(a, b, out=out) is out
     err = measure.relative_error(out.cpu(), ref)
-    assert measure.passes(err), f"{stage} at {m}x{n}x{k}: relative error {err:.2e}"
+    assert measure.passes(err), f"{version} at {m}x{n}x{k}: relative error {err:.2e}"
     script_cls = module.KERNELS[gpu.gpu_arch()]
-    print(f"{stage} at {m}x{n}x{k}: ok with {dispatch.format_schedule(dispatch.chosen_schedule(script_cls, m, n, k))}")
+    print(f"{version} at {m}x{n}x{k}: ok with {dispatch.format_schedule(dispatch.chosen_schedule(script_cls, m, n, k))}")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(SANITIZER is None, reason="compute-sanitizer is not on PATH nor in the CUDA toolkit's bin")
 @pytest.mark.parametrize("tool", list(SANITIZER_CLEAN))
-@pytest.mark.parametrize("stage", STAGES)
-def test_tuned_schedule_is_sanitizer_clean(stage, tool):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_tuned_schedule_is_sanitizer_clean(version, tool):
     # builds and tunes the size outside the sanitizer first: under it, the tuned pick comes from the cache
-    if stage not in _tuned_for_sanitizer:
-        run_check("check_tuned_call", stage, *SANITIZER_SIZE, timeout=900)
-        _tuned_for_sanitizer.add(stage)
+    if version not in _tuned_for_sanitizer:
+        run_check("check_tuned_call", version, *SANITIZER_SIZE, timeout=900)
+        _tuned_for_sanitizer.add(version)
     prefix = [SANITIZER, "--tool", tool, "--error-exitcode", "1"]
-    proc = run_check("check_tuned_call", stage, *SANITIZER_SIZE, prefix=prefix, timeout=1200)
+    proc = run_check("check_tuned_call", version, *SANITIZER_SIZE, prefix=prefix, timeout=1200)
     output = proc.stdout + proc.stderr
     assert SANITIZER_CLEAN[tool] in output, output[-4000:]
-    assert f"{stage} at {size_text(SANITIZER_SIZE)}: ok" in proc.stdout
+    assert f"{version} at {size_text(SANITIZER_SIZE)}: ok" in proc.stdout
 
 
 # ---------------------------------------------------------------- GPU: what a user's program relies on
@@ -339,9 +339,9 @@ def test_tuned_schedule_is_sanitizer_clean(stage, tool):
 SPIN_CYCLES = 500_000_000  # torch.cuda._sleep: a quarter of a second or more at H100 clocks
 
 
-def check_stream_order(stage: str, device_index: int = 0) -> None:
+def check_stream_order(version: str, device_index: int = 0) -> None:
     """matmul on a side stream runs after the work queued before it there, and does not wait for it."""
-    module = importlib.import_module(stage)
+    module = importlib.import_module(version)
     m, n, k = 1000, 1016, 1024
     with torch.cuda.device(device_index):
         a, b, _ = measure.random_inputs(m, n, k, seed=1)
@@ -369,20 +369,20 @@ def check_stream_order(stage: str, device_index: int = 0) -> None:
         module.matmul(a, b, out=out)
         returned_early = not side.query()
     torch.cuda.synchronize(a.device)
-    assert queued_early, f"{stage}: the spin on the side stream ended before the test queued its inputs"
-    assert returned_early, f"{stage}: matmul returned only after the stream's earlier work had finished (a sync)"
+    assert queued_early, f"{version}: the spin on the side stream ended before the test queued its inputs"
+    assert returned_early, f"{version}: matmul returned only after the stream's earlier work had finished (a sync)"
     for name, result in (("matmul(a, b)", own), ("matmul(a, b, out=out)", out)):
         err = measure.relative_error(result, ref)
         assert measure.passes(err), (
-            f"{stage}: {name} on a side stream of {a.device} computed from the inputs before the copies queued "
+            f"{version}: {name} on a side stream of {a.device} computed from the inputs before the copies queued "
             f"ahead of it on that stream (relative error {err:.2e}): the kernel ran on another stream"
         )
-    print(f"{stage}: ordered on the caller's stream of {a.device}")
+    print(f"{version}: ordered on the caller's stream of {a.device}")
 
 
-def check_graph_replay(stage: str) -> None:
+def check_graph_replay(version: str) -> None:
     """matmul captured in a CUDA graph computes from the inputs' current values on every replay."""
-    module = importlib.import_module(stage)
+    module = importlib.import_module(version)
     m, n, k = 1000, 1016, 1024
     a, b, _ = measure.random_inputs(m, n, k, seed=1)
     out = torch.empty((m, n), dtype=torch.float16, device="cuda")
@@ -402,12 +402,12 @@ def check_graph_replay(stage: str) -> None:
         torch.cuda.synchronize()
         for name, result in (("matmul(a, b)", own), ("matmul(a, b, out=out)", out)):
             err = measure.relative_error(result, ref)
-            assert measure.passes(err), f"{stage}: {name} replayed from a CUDA graph: relative error {err:.2e}"
-    print(f"{stage}: replays from a CUDA graph")
+            assert measure.passes(err), f"{version}: {name} replayed from a CUDA graph: relative error {err:.2e}"
+    print(f"{version}: replays from a CUDA graph")
 
 
-def check_out_given_or_not(stage: str) -> None:
-    module = importlib.import_module(stage)
+def check_out_given_or_not(version: str) -> None:
+    module = importlib.import_module(version)
     for seed, (m, n, k) in enumerate([(333, 264, 520), (1, 8, 8)]):
         a, b, ref = measure.random_inputs(m, n, k, seed=seed)
         out = torch.full((m, n), math.nan, dtype=torch.float16, device="cuda")
@@ -416,14 +416,14 @@ def check_out_given_or_not(stage: str) -> None:
         assert (own.shape, own.dtype, own.device, own.is_contiguous()) == ((m, n), torch.float16, a.device, True)
         for name, result in (("out=out", out), ("out=None", own)):
             err = measure.relative_error(result, ref)
-            assert measure.passes(err), f"{stage} at {m}x{n}x{k} with {name}: relative error {err:.2e}"
-        assert torch.equal(own, out), f"{stage} at {m}x{n}x{k}: out=None and out=out differ"
-    print(f"{stage}: out given or not")
+            assert measure.passes(err), f"{version} at {m}x{n}x{k} with {name}: relative error {err:.2e}"
+        assert torch.equal(own, out), f"{version} at {m}x{n}x{k}: out=None and out=out differ"
+    print(f"{version}: out given or not")
 
 
-def check_versions_side_by_side(*stages: str) -> None:
+def check_versions_side_by_side(*versions: str) -> None:
     """Every version in one process, calls interleaved: each keeps its own programs, picks and results."""
-    modules = [importlib.import_module(stage) for stage in stages]
+    modules = [importlib.import_module(version) for version in versions]
     for seed, (m, n, k) in enumerate([(333, 264, 520), (1000, 1016, 1024)]):
         a, b, ref = measure.random_inputs(m, n, k, seed=seed)
         for _ in range(2):
@@ -438,12 +438,12 @@ def check_versions_side_by_side(*stages: str) -> None:
             assert jit.cache_dir.is_relative_to(own_dir), f"{script_cls.__name__} cached in {jit.cache_dir}"
             for compiled in jit.compiled_programs:
                 assert compiled.program_dir.is_relative_to(own_dir), (script_cls.__name__, compiled.program_dir)
-    print(f"{' '.join(stages)}: side by side")
+    print(f"{' '.join(versions)}: side by side")
 
 
-def check_second_gpu(stage: str) -> None:
+def check_second_gpu(version: str) -> None:
     """Tensors on GPU 1 while torch's current device stays GPU 0."""
-    module = importlib.import_module(stage)
+    module = importlib.import_module(version)
     torch.cuda.set_device(0)
     with torch.cuda.device(1):
         a, b, ref = measure.random_inputs(333, 264, 520, seed=5)
@@ -452,46 +452,46 @@ def check_second_gpu(stage: str) -> None:
     assert torch.cuda.current_device() == 0, "matmul changed the current device"
     torch.cuda.synchronize(a.device)
     err = measure.relative_error(own, ref)
-    assert measure.passes(err), f"{stage} on {a.device}: relative error {err:.2e}"
-    check_stream_order(stage, 1)
+    assert measure.passes(err), f"{version} on {a.device}: relative error {err:.2e}"
+    check_stream_order(version, 1)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("stage", STAGES)
-def test_matmul_is_ordered_on_the_callers_stream(stage):
-    run_check("check_stream_order", stage)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_matmul_is_ordered_on_the_callers_stream(version):
+    run_check("check_stream_order", version)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("stage", STAGES)
-def test_matmul_replays_from_a_cuda_graph(stage):
-    run_check("check_graph_replay", stage)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_matmul_replays_from_a_cuda_graph(version):
+    run_check("check_graph_replay", version)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("stage", STAGES)
-def test_matmul_with_and_without_out(stage):
-    run_check("check_out_given_or_not", stage)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_matmul_with_and_without_out(version):
+    run_check("check_out_given_or_not", version)
 
 
 @pytest.mark.gpu
 def test_every_version_in_one_process():
-    run_check("check_versions_side_by_side", *STAGES, timeout=1800)
+    run_check("check_versions_side_by_side", *VERSIONS, timeout=1800)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("stage", STAGES)
-def test_tensors_on_a_second_gpu(stage):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_tensors_on_a_second_gpu(version):
     if torch.cuda.device_count() < 2:
         pytest.skip("one GPU on this machine")
-    run_check("check_second_gpu", stage)
+    run_check("check_second_gpu", version)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("stage", STAGES)
-def test_stage_script_runs_from_another_working_directory(stage, tmp_path):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_version_script_runs_from_another_working_directory(version, tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(cache.REPO / f"{stage}.py"), "--sizes", "256", "--check-only"],
+        [sys.executable, str(cache.REPO / f"{version}.py"), "--sizes", "256", "--check-only"],
         cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -521,16 +521,16 @@ def memory_now() -> dict:
     }
 
 
-def check_long_run(stage: str, calls: int) -> None:
+def check_long_run(version: str, calls: int) -> None:
     """`calls` back-to-back calls cycling through mixed shapes, with and without out: same results, flat memory."""
-    module = importlib.import_module(stage)
+    module = importlib.import_module(version)
     inputs = [measure.random_inputs(m, n, k, seed=seed) for seed, (m, n, k) in enumerate(LONG_RUN_SHAPES)]
     outs = [torch.empty((m, n), dtype=torch.float16, device="cuda") for m, n, _ in LONG_RUN_SHAPES]
     expected = []
     for (m, n, k), (a, b, ref) in zip(LONG_RUN_SHAPES, inputs):
         result = module.matmul(a, b)  # builds and tunes each size before the run
         err = measure.relative_error(result, ref)
-        assert measure.passes(err), f"{stage} at {m}x{n}x{k}: relative error {err:.2e}"
+        assert measure.passes(err), f"{version} at {m}x{n}x{k}: relative error {err:.2e}"
         expected.append(result)
     mismatches = torch.zeros((), dtype=torch.int64, device="cuda")
 
@@ -551,17 +551,17 @@ def check_long_run(stage: str, calls: int) -> None:
     for i in range(calls):
         call(i)
         if (i + 1) % 500 == 0:
-            measure.sync_or_exit(f"{stage} long run, call {i + 1}", 120)
+            measure.sync_or_exit(f"{version} long run, call {i + 1}", 120)
     after = memory_now()
     seconds = time.perf_counter() - started
     mib = {key: (before[key] / 2**20, after[key] / 2**20) for key in before}
     print(
-        f"LONG RUN {stage}: {calls} calls on {len(LONG_RUN_SHAPES)} shapes in {seconds:.1f} s, "
+        f"LONG RUN {version}: {calls} calls on {len(LONG_RUN_SHAPES)} shapes in {seconds:.1f} s, "
         f"{mismatches.item()} mismatches; MiB before -> after: "
         + ", ".join(f"{key} {old:.1f} -> {new:.1f}" for key, (old, new) in mib.items()),
         flush=True,
     )
-    assert mismatches.item() == 0, f"{stage}: {mismatches.item()} output elements differ from the first call's"
+    assert mismatches.item() == 0, f"{version}: {mismatches.item()} output elements differ from the first call's"
     # every tensor a call makes is freed: torch's count returns exactly; its pool and the
     # driver's use may move by a block (a leak of even 3 KiB a call would show), the host's a little
     assert after["allocated"] == before["allocated"], mib
@@ -571,9 +571,9 @@ def check_long_run(stage: str, calls: int) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("stage", STAGES)
-def test_long_run_keeps_results_and_memory_flat(stage):
-    output = run_check("check_long_run", stage, LONG_RUN_CALLS, timeout=1200).stdout
+@pytest.mark.parametrize("version", VERSIONS)
+def test_long_run_keeps_results_and_memory_flat(version):
+    output = run_check("check_long_run", version, LONG_RUN_CALLS, timeout=1200).stdout
     print(next(line for line in output.splitlines() if line.startswith("LONG RUN ")))
 
 
@@ -592,8 +592,8 @@ def build_first_schedules_of_v1(count: int) -> None:
         print("BUILT", r.module_dir)
 
 
-def program_dirs(root: Path, stage: str) -> list[Path]:
-    return sorted(path for path in root.glob(f"*/{stage}-*/programs/*") if path.is_dir())
+def program_dirs(root: Path, version: str) -> list[Path]:
+    return sorted(path for path in root.glob(f"*/{version}-*/programs/*") if path.is_dir())
 
 
 def hashes_to_its_name(program_dir: Path) -> bool:
@@ -705,7 +705,7 @@ def test_a_cache_directory_is_checked_once_per_process(tmp_path, monkeypatch, ca
         tilus.option.cache_dir(previous)
 
 
-def test_stage_script_builds_from_another_working_directory(built, tmp_path):
+def test_version_script_builds_from_another_working_directory(built, tmp_path):
     built("matmul_v1", "hopper")  # once per session, shared with test_build: the child loads it from the cache
     proc = subprocess.run(
         [sys.executable, str(cache.REPO / "matmul_v1.py"), "--compile-only", "--arch", "hopper"],

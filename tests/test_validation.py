@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import STAGES
+from conftest import VERSIONS
 
 import matmul_v1
 from support import checks, dispatch, gpu, measure
@@ -98,9 +98,9 @@ def test_too_large_is_rejected_by_matmul_before_the_device(a, b):
         matmul_v1.matmul(a, b)
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_every_stage_validates(stage):
-    module = __import__(stage)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_version_validates(version):
+    module = __import__(version)
     with pytest.raises(ValueError, match="K mismatch"):
         module.matmul(half(16, 32), half(16, 24))
 

@@ -23,7 +23,7 @@ class, back-to-back; decode in TB/s against the copy bandwidth measured in the s
 with the GPU's dense fp16 peak where known, and rewrites every results table in README.md and
 docs/*.md that sits between ``<!-- results <gpu> <versions> -->`` and ``<!-- /results -->``,
 so no measured number is typed by hand. It also redraws the figures that come from
-models (docs/timeline.py, docs/raster.py) and rewrites each stage's build evidence table
+models (docs/timeline.py, docs/raster.py) and rewrites each version's build evidence table
 from the builds (docs/evidence.py; no GPU needed, slow only the first time).
 """
 

@@ -6,7 +6,9 @@ schedule_v5_hopper, so the figures show how the stages differ in which unit wait
 which, not how long a real kernel takes. Run: python docs/timeline.py (writes
 figures/timeline_v1..v3.svg and timeline_v5.svg; v2 and v3 have one panel per GPU, because
 their Blackwell and Hopper kernels free slots differently; v5 has one panel with its
-epilogue overlapped with the next tile's K loop and one without).
+epilogue overlapped with the next tile's K loop and one without). v1, v2 and v3 are drawn
+with the same 128 x 128 tile (and v2 and v3 with the same ring), so each figure differs from
+the last only in the idea its version adds; v5 is drawn with its own 128 x 256 tile.
 
 Each schedule_* function is a small simulation of one kernel's K loop as written in
 matmul_v*.py: every role (a warp, a warpgroup) runs its own loop and yields the same
@@ -42,20 +44,23 @@ def mma_cycles(m, n, k):
     return 2 * m * n * k // FLOP_PER_CYCLE
 
 
-MMA = mma_cycles(128, 128, 64)  # 2 * 128 * 128 * 64 = 2,097,152 FLOP / 4096 = 512 cycles
+TILE = (128, 128)  # the tile v1, v2 and v3 are drawn with
+MMA = mma_cycles(*TILE, 64)  # 2 * 128 * 128 * 64 = 2,097,152 FLOP / 4096 = 512 cycles
 ISSUE = 40  # cycles a warp spends on one operation: issuing a load or an MMA, a sync, an arrive
 STEPS = 8  # K steps drawn
 STAGES = 3  # ring depth for v2 and v3 (the depth v3 chose on the H100; in v2's autotune space)
-# v3 is drawn with the tile it ran on the H100, 128 x 256 (Hopper: two consumers of 64 x 256):
-# one K step is 2 * 128 * 256 * 64 FLOP / 4096 = 1024 cycles, so the two steps queued behind
-# a refill (2048 cycles) cover a load. With 512-cycle 128 x 128 steps a ring of 3 would not
-# (1024 < 1800) and the MMAs would wait for loads, on either GPU.
-V3_TILE = (128, 256)
+# v3 is drawn with v2's tile and ring, 128 x 128 and 3 slots (Hopper: two consumers of
+# 64 x 128), both in v3's autotune space, so the v2 and v3 figures differ only in the warp
+# specialisation. At 512-cycle steps the two steps queued behind a refill (1024 cycles) do
+# not cover a load (1800), so in both figures the MMAs wait for loads. The larger tile that
+# v3's second consumer makes possible (and that v3 ran on the H100) is v5's figure's:
+# 128 x 256, whose 1024-cycle steps hide a load behind two.
+V5_TILE = (128, 256)
 
 # v5 (Hopper): a persistent block walks several tiles; a few short tiles show the overlap.
 V5_TILES = 3  # tiles drawn, one after the other on one SM
 V5_STEPS = 4  # K steps per tile: one whole trip round the ring, as v5 pads K to whole trips
-V5_STAGES = 4  # v5's ring for its 128 x 256 tile
+V5_STAGES = 4  # v5's ring for its 128 x 256 tile (HopperMatmulV5's autotune space)
 # The epilogue of one consumer warpgroup, in cycles; both are arithmetic, not measured:
 # its 64 x 256 fp16 rows are 32 KiB, and shared memory moves at most 128 bytes per cycle,
 # so writing them from registers (stmatrix, conflict free with the swizzled tile) takes at
@@ -209,7 +214,7 @@ def simulate(roles, arrivals=None):
 # The kernels' K loops, one generator per role, in the order matmul_v*.py issues them.
 
 
-def schedule_v1(steps=STEPS, tile=(128, 128)):
+def schedule_v1(steps=STEPS, tile=TILE):
     """v1 (both GPUs): load a step, wait for it, multiply, wait for the MMA, sync."""
     cycles = mma_cycles(tile[0], tile[1], 64)
 
@@ -224,7 +229,7 @@ def schedule_v1(steps=STEPS, tile=(128, 128)):
     return simulate({WARP: warp()})
 
 
-def schedule_v2_blackwell(steps=STEPS, stages=STAGES, tile=(128, 128)):
+def schedule_v2_blackwell(steps=STEPS, stages=STAGES, tile=TILE):
     """v2 Blackwell: one warp. The prologue loads one slot per stage; each step waits for
     its slot, issues the MMA, commits to mma_barrier and waits for it, then refills the
     same slot with the step `stages` ahead."""
@@ -243,10 +248,11 @@ def schedule_v2_blackwell(steps=STEPS, stages=STAGES, tile=(128, 128)):
     return simulate({WARP_V2_BW: warp()})
 
 
-def schedule_v2_hopper(steps=STEPS, stages=STAGES, tile=(128, 128)):
+def schedule_v2_hopper(steps=STEPS, stages=STAGES, tile=TILE):
     """v2 Hopper: one warpgroup. The prologue fills stages - 1 slots; each step waits for
-    its slot, issues the wgmma, wait_group(1) waits for the previous wgmma only, a block
-    sync, then one warp refills the slot the previous step used with step i + stages - 1."""
+    its slot, issues the wgmma, wait_group(1) waits for the previous wgmma only (it is the
+    whole warpgroup's, so no sync is needed), then one warp refills the slot the previous
+    step used with step i + stages - 1. After the loop, wait_group(0) and a sync."""
     cycles = mma_cycles(tile[0], tile[1], 64)
 
     def warpgroup():
@@ -257,7 +263,6 @@ def schedule_v2_hopper(steps=STEPS, stages=STAGES, tile=(128, 128)):
             yield mma(i, cycles)  # wgmma.fence, wgmma.mma, wgmma.commit_group
             if i > 0:
                 yield wait(("mma", i - 1, WARP_V2_HP), f"wgmma {i - 1}")  # wait_group(1)
-            yield op("sync")
             if i + stages - 1 < steps:
                 yield load(i + stages - 1)
         yield wait(("mma", steps - 1, WARP_V2_HP), f"wgmma {steps - 1}")  # wait_group(0)
@@ -281,7 +286,7 @@ def _producer(steps, stages):
         yield load(j)
 
 
-def schedule_v3_blackwell(steps=STEPS, stages=STAGES, tile=V3_TILE):
+def schedule_v3_blackwell(steps=STEPS, stages=STAGES, tile=TILE):
     """v3 Blackwell: a producer warp and an MMA warp. The MMA warp waits for a slot, issues
     the MMA and tcgen05.commit(empty_barriers[stage]) and goes on without waiting: the
     hardware frees the slot when the MMA finishes. A flush commit and wait end the loop."""
@@ -298,10 +303,10 @@ def schedule_v3_blackwell(steps=STEPS, stages=STAGES, tile=V3_TILE):
                      MMA_WARP: mma_warp()})
 
 
-def schedule_v3_hopper(steps=STEPS, stages=STAGES, tile=V3_TILE):
+def schedule_v3_hopper(steps=STEPS, stages=STAGES, tile=TILE):
     """v3 Hopper: a producer warp and two consumer warpgroups, each multiplying its half of
     the A slot's rows by the whole B slot. A consumer releases the previous step's slot
-    (arrive on empty_barriers, 128 threads each, 256 complete it) after wait_group(1) of
+    (one thread of each arrives on empty_barriers, 2 complete it) after wait_group(1) of
     the next step; wait_group(0) after the loop is the flush."""
     cycles = mma_cycles(tile[0] // 2, tile[1], 64)
 
@@ -325,7 +330,7 @@ def schedule_v3():
     return {"blackwell": schedule_v3_blackwell(), "hopper": schedule_v3_hopper()}
 
 
-def schedule_v5_hopper(tiles=V5_TILES, steps=V5_STEPS, stages=V5_STAGES, tile=V3_TILE, overlap=True):
+def schedule_v5_hopper(tiles=V5_TILES, steps=V5_STEPS, stages=V5_STAGES, tile=V5_TILE, overlap=True):
     """v5 Hopper: one persistent block walks `tiles` tiles of `steps` K steps each.
 
     K steps are numbered across tiles: step g is step g % steps of tile g // steps, in slot
@@ -527,25 +532,25 @@ def _draw(panels, title, subtitle, xmax, path):
     plt.close(fig)
 
 
-def _constants(ring, tile=(128, 128)):
-    """The subtitle: the model's constants, one line each."""
-    m, n = tile
+def _constants(ring, consumers=False):
+    """The subtitle: the model's constants, one line each; consumers: v3's two on Hopper."""
+    m, n = TILE
     lines = [(f"Schematic model, not a measurement, with H100 numbers for both GPUs: a load takes "
               f"{LOAD} cycles (~1 us at {CLOCK_GHZ} GHz)."),
              (f"An m x n x k MMA takes 2*m*n*k / {FLOP_PER_CYCLE} cycles: "
               f"one {m}x{n}x64 K step {mma_cycles(m, n, 64)}.")]
-    if tile != (128, 128):
+    if consumers:
         lines.append(f"On Hopper that is two {m // 2}x{n}x64 wgmmas of {mma_cycles(m // 2, n, 64)}, "
                      "one per consumer warpgroup: 3a and 3b are step 3 of warpgroup 0 and 1.")
     lines.append(f"Issuing an operation: {ISSUE} cycles. {STEPS} K steps"
                  + (f", a ring of {STAGES} slots" if ring else "")
-                 + ". The v1, v2 and v3 figures share their x axis.")
+                 + f". The v1, v2 and v3 figures share their x axis and their {m} x {n} tile.")
     return lines
 
 
 def _constants_v5():
     """v5's subtitle: the constants it shares with v3, then the epilogue's and the tiles'."""
-    m, n = V3_TILE
+    m, n = V5_TILE
     return [(f"Schematic model, not a measurement, H100 numbers: a load takes {LOAD} cycles "
              f"(~1 us at {CLOCK_GHZ} GHz), a {m // 2}x{n}x64 wgmma {mma_cycles(m // 2, n, 64)}, "
              f"issuing an operation {ISSUE}."),
@@ -569,9 +574,9 @@ def figures():
          [(v2["blackwell"], (TMA, TC, WARP_V2_BW),
            f"Blackwell: one warp waits for every MMA, then refills its slot with the step {STAGES} ahead"),
           (v2["hopper"], (TMA, TC, WARP_V2_HP),
-           "Hopper: wait_group(1) keeps one wgmma in flight; sync; refill the previous step's slot")]),
-        ("timeline_v3", "v3: warp specialised: a producer warp loads, consumers multiply",
-         _constants(True, V3_TILE),
+           "Hopper: wait_group(1) keeps one wgmma in flight, then refill the previous step's slot")]),
+        ("timeline_v3", "v3: warp specialised: a producer warp loads, consumers multiply (v2's tile and ring)",
+         _constants(True, consumers=True),
          [(v3["blackwell"], (PRODUCER, TMA, TC, MMA_WARP),
            "Blackwell: one MMA warp; tcgen05.commit frees a slot when its MMA ends"),
           (v3["hopper"], (PRODUCER, TMA, TC) + CONSUMERS,

@@ -1,6 +1,6 @@
-"""What every stage shares, split by concern; each ``matmul_vN.py`` keeps only its kernels.
+"""What every version shares, split by concern; each ``matmul_vN.py`` keeps only its kernels.
 
-A stage file uses two names from here: :func:`launch` (``matmul(a, b, out)``) and
+A version file uses two names from here: :func:`launch` (``matmul(a, b, out)``) and
 :func:`main` (its command line). The modules, in the order a call goes through them:
 
 - ``checks``: the input rules of ``matmul(a, b, out)``, each a TypeError/ValueError naming it.

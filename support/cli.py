@@ -252,7 +252,7 @@ def _check_only(version: str, script_cls, matmul, args) -> int:
 
 
 def main(version: str, kernels: dict, matmul, argv=None) -> int:
-    """The CLI of every stage. Returns the process exit status."""
+    """The CLI of every version. Returns the process exit status."""
     parser = _parser(version)
     args = parser.parse_args(argv)
     arch_name = None

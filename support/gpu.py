@@ -1,4 +1,4 @@
-"""Which GPU the tensors are on, and which of a stage's two kernels runs there."""
+"""Which GPU the tensors are on, and which of a version's two kernels runs there."""
 
 import dataclasses
 import re

@@ -390,10 +390,8 @@ def update_lines(pages: list[Path] | None = None, csv_path: Path | None = None) 
             status = 1
             continue
         for match in lines:
-            path = csv_path or REPO / "results" / f"{match.group(2)}_counters.csv"
-            if not path.exists():
-                print(f"{path} does not exist: run `python docs/counters.py --run` on the GPU ({match.group(2)}) first",
-                      file=sys.stderr)
+            path = existing_csv(match.group(2), csv_path)
+            if path is None:
                 return 1
             try:
                 line = version_line(read_rows(path), match.group(3))
@@ -406,6 +404,15 @@ def update_lines(pages: list[Path] | None = None, csv_path: Path | None = None) 
     return status
 
 
+def existing_csv(slug: str, csv_path: Path | None) -> Path | None:
+    """The CSV a block of GPU ``slug`` is written from (``csv_path`` if given); None, said on stderr, if it is missing."""
+    path = csv_path or REPO / "results" / f"{slug}_counters.csv"
+    if not path.exists():
+        print(f"{path} does not exist: run `python docs/counters.py --run` on the GPU ({slug}) first", file=sys.stderr)
+        return None
+    return path
+
+
 def update_page(page: Path = PAGE, csv_path: Path | None = None) -> int:
     """Rewrite each counters block of the page from its CSV (results/<slug>_counters.csv); exit status."""
     text = page.read_text()
@@ -414,10 +421,8 @@ def update_page(page: Path = PAGE, csv_path: Path | None = None) -> int:
         print(f"{page}: no <!-- counters <gpu> --> ... <!-- /counters --> block", file=sys.stderr)
         return 1
     for match in blocks:
-        path = csv_path or REPO / "results" / f"{match.group(2)}_counters.csv"
-        if not path.exists():
-            print(f"{path} does not exist: run `python docs/counters.py --run` on the GPU ({match.group(2)}) first",
-                  file=sys.stderr)
+        path = existing_csv(match.group(2), csv_path)
+        if path is None:
             return 1
         rows = read_rows(path)
         if not rows:

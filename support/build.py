@@ -106,6 +106,7 @@ def _inspect_build(result: BuildResult, arch: Arch) -> None:
 def build_schedules(
     script_cls, arch_name: str, progress=print, script_kwargs: dict | None = None, call_args: tuple | None = None,
     limit: int | None = None,
+    select=None,
 ) -> list[BuildResult]:
     """Build every schedule of the autotune space for the architecture, without a GPU.
 
@@ -114,7 +115,8 @@ def build_schedules(
     ``script_kwargs`` are passed to the script's constructor (``dtype=bfloat16`` for a
     version's kernel); ``call_args`` are for kernels other than the GEMMs (whose arguments
     are M, N, K and three pointers) and stand for its call's arguments, pointers as 0.
-    ``limit`` builds only the first schedules of the space and returns their results.
+    ``limit`` builds only the first schedules of the space and ``select(schedule)`` only
+    those it accepts; either way only the results of what was built are returned.
     """
     arch = ARCHS[arch_name]
     with _building_for(arch.target):
@@ -127,9 +129,10 @@ def build_schedules(
         failed_transpile = [i for i in range(len(results)) if i not in transpiled]
         for i, message in zip(failed_transpile, jit.failed_scheduling):
             results[i].error = message
-        count = len(results) if limit is None else limit
+        chosen = [i for i, r in enumerate(results)
+                  if (limit is None or i < limit) and (select is None or select(r.schedule))]
         wanted = [(index, program) for index, program in zip(jit.transpiled_schedules, jit.transpiled_programs)
-                  if index < count]
+                  if index in chosen]
         jobs = [(program, jit.build_options) for _, program in wanted]
         name = script_cls.__name__
         for done, (index, (module_dir, error)) in enumerate(
@@ -140,4 +143,4 @@ def build_schedules(
             if result.ok:
                 _inspect_build(result, arch)
             progress(f"  [{done}/{len(jobs)}] {name} {arch.sm} {format_schedule(result.schedule)}: {result.describe(arch)}")
-    return results[:count]
+    return [results[i] for i in chosen]

@@ -26,9 +26,10 @@ How the consumer frees a slot differs:
   i, wgmma.wait_group(1) proves step i - 1 finished, for the whole warpgroup (a wgmma is
   one operation of all four warps), and its threads arrive on empty_barriers of step
   i - 1's slot. One arrival per warpgroup would do, but branching to one thread inside the
-  loop makes ptxas serialise the wgmmas (C7515: 77% of cuBLAS at 4096^3 instead of 93% in
-  one A/B), so all 128 arrive. wait_group(0) after the loop is Hopper's flush barrier:
-  the accumulator registers are final only after it.
+  loop makes ptxas serialise the wgmmas (C7515; much slower at 4096^3 in an A/B on the
+  H100, recorded in docs/v0.md, "When is a slot free?"), so all 128 arrive.
+  wait_group(0) after the loop is Hopper's flush barrier: the accumulator registers are
+  final only after it.
 
 On Hopper the producer feeds two consumer warpgroups, which split each A slot by rows and
 both read the whole B slot (arrival count 2 x 128 on empty_barriers). One
@@ -283,7 +284,7 @@ class HopperMatmulV3(tilus.Script):
             self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
             if previous_stage >= 0:
                 # every thread arrives: one per warpgroup would do, but branching to one thread
-                # here makes ptxas serialise the wgmmas (C7515): 77% of cuBLAS instead of 93%
+                # here makes ptxas serialise the wgmmas (C7515), measured much slower (docs/v0.md)
                 self.mbarrier.arrive(self.empty_barriers[previous_stage])
             previous_stage = stage
             stage = (stage + 1) % self.stages

@@ -1,6 +1,7 @@
 """v4: the ring becomes a Pipeline class, and blocks visit tiles in groups that share L2.
 
-Three changes from v3; the numbers are % of cuBLAS on an H100, measured in one process.
+Three changes from v3. What they are worth on an H100 is in the results tables (README.md,
+docs/index.md), v3 and v4 side by side; each A/B named below was timed in one process.
 
 1. pipeline.py. The barrier pairs, each side's stage index and phase, and the flip on
    wrap move into ``Pipeline``; each side now reads as what it does (``producer_acquire``,
@@ -12,7 +13,8 @@ Three changes from v3; the numbers are % of cuBLAS on an H100, measured in one p
    unrolled ``stages`` times, and a cursor known to be 0 there makes every slot index in
    the unrolled body a constant. A first draft shared one cursor between the two Hopper
    consumers; the second one's loop grew from 138 to 226 instructions per 3 steps and
-   the kernel ran 4% slower than v3.
+   the kernel ran slower than v3 in an A/B on the H100 (docs/v4.md, "Why each role
+   starts its own cursor").
 
 2. Grouped tile order. v3's 2-D grid started blocks tile row first: at 8192^3 (64 x 32
    tiles of 128 x 256) the 132 blocks in flight span all 64 tile rows, so each wave reads
@@ -22,7 +24,8 @@ Three changes from v3; the numbers are % of cuBLAS on an H100, measured in one p
    32 MiB of A and 36 MiB of B (ceil(132 / 16) = 9 tile columns of 256 rows x 8192 x 2 B).
    On 16384 x 1024 x 4096 (4 tile columns) v3 read A once
    per column; grouped, the blocks sharing an A tile run together and A comes from HBM
-   once: 70% -> 96%.
+   once (the bytes: docs/v4.md's traffic table, from docs/raster.py; the time: the
+   results tables).
 
 3. A tile space for every shape class.
    - 128 x 256 with 4 stages instead of 3. A slot is refilled once its MMA finished and
@@ -31,11 +34,12 @@ Three changes from v3; the numbers are % of cuBLAS on an H100, measured in one p
      ~1.1 us, about what HBM takes under load, 4 leave ~1.7 us. The fourth 48 KiB slot
      is paid for by the output: the two consumers share one 32 KiB tile and take turns
      (warpgroup 1 waits on ``s_c_free``), 4 x 48 + 32 = 224 KiB of 227. On 2048 x 2048 x
-     8192, one wave of tiles, 3 -> 4 stages took v4 from 94% to 97%.
+     8192, one wave of tiles, 4 stages measured faster than 3 in an A/B on the H100.
    - 128 x 64 with 8 stages for skinny shapes: at M = 128, N = 8192 it launches 128
      blocks where 128 x 256 launches 32. Each streams its slice of B from HBM with
      little arithmetic per byte, so it needs bytes in flight (8 x 24 KiB), not FLOPs per
-     byte. 128 x 8192 x 8192: 71% (v3's best) -> 99%.
+     byte. On 128 x 8192 x 8192 the tuner picks it, and the results tables show the gain
+     over v3 there.
    - 128 x 128 with 6 stages, v3's deep ring, for skinny and decode shapes where 128 x 256
      tiles make less than a wave and 128 x 64 ones load A four times as often (without
      it v4 trailed v3 on 256 x 14336 x 4096 and on decode shapes).
@@ -47,10 +51,11 @@ The pick: tilus 0.2.0 times its candidates from idle clocks, five runs each; sup
 ranks them itself on a warm GPU (``dispatch.rank_schedules``) and hands tilus the winner.
 
 What remains: a block ends by storing its tile of C and waiting until the TMA engine has
-read it; only then can the next block start on that SM. At 4096^3, about 47 us a tile,
-that costs ~2.7%: with the TMA store left out (timing only) v4 ran at 97.4% of cuBLAS
-instead of 94.7%. v5 keeps blocks resident over many tiles and, on Hopper, overlaps the
-store of one tile with the main loop of the next.
+read it; only then can the next block start on that SM. At 4096^3 (512 tiles of 128 x 256
+for 132 SMs) most SMs pay that four times: with the TMA store left out (timing only, the
+output is then wrong) v4 closed much of its gap to cuBLAS in an A/B on the H100. v5 keeps
+blocks resident over many tiles and, on Hopper, overlaps the store of one tile with the
+main loop of the next.
 
 Constraints as in v1. Run: python matmul_v4.py [--sizes ...] [--check-only] [--compile-only]
 """
@@ -201,9 +206,10 @@ class BlackwellMatmulV4(GroupedTileOrder, tilus.Script):
 # Two consumer warpgroups split the tile's rows, as in v3. 128 x 256 with 4 stages: 4 x 48
 # KiB of ring and one 32 KiB output tile the consumers take turns with (224 KiB of 227).
 # 128 x 64 with 8 stages (8 x 24 + 8 = 200 KiB): four times the blocks for skinny shapes,
-# each with 192 KiB of loads in flight. 128 x 128 with 6 stages (6 x 32 + 16 = 208 KiB):
-# v3's deep-ring schedule, which serves skinny and decode shapes where 128 x 256 tiles make
-# less than a wave and 128 x 64 ones load A four times. block_k = 64 as on Blackwell.
+# each with up to 192 KiB of loads in flight. 128 x 128 with 6 stages (6 x 32 + 16 =
+# 208 KiB): v3's deep-ring schedule, which serves skinny and decode shapes where 128 x 256
+# tiles make less than a wave and 128 x 64 ones load A four times. block_k = 64 as on
+# Blackwell.
 # group_m: the height of the patch of tiles in flight; the best one depends on the shape
 # (see the docstring).
 @tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 128, 6], [128, 64, 8]])

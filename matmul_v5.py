@@ -1,7 +1,8 @@
 """v5: persistent blocks, 2-CTA clusters with TMA multicast, a swizzled and overlapped epilogue.
 
-What changed from v4, and why. The numbers are % of cuBLAS on an H100, timed in one process;
-docs/v5.md has the full ablation (each technique on and off, written by ablation.py).
+What changed from v4, and why. What each technique is worth on an H100 is the ablation
+table in docs/v5.md (v5 with one technique changed per column, timed in one process,
+written by docs/ablation.py).
 
 1. Persistent blocks. v4 launched one block per tile, and a block ended with its tile's
    store: the SM sat idle from the last MMA until the next block had loaded its first
@@ -22,27 +23,29 @@ docs/v5.md has the full ablation (each technique on and off, written by ablation
    stmatrix writes are 512 bytes apart, all in the same 4 of the 32 banks, an 8-way
    conflict on every store. v5 keeps it as four 64-column boxes with TMA's 128-byte
    swizzle (16-byte chunk c of row r at chunk c ^ r % 8): conflict free, and one TMA store
-   per box: the largest single step of v5 (95.2 -> 99.1 in the first A/B).
+   per box (the ablation's "unswizzled store" column; the bank conflicts: the counters
+   table of docs/index.md).
 4. 2-CTA clusters with TMA multicast. Two CTAs compute the tiles above each other, which
    share a B tile: each loads half of it and multicasts it into both, so a CTA brings 16 +
    16 KiB from L2 per K step instead of 16 + 32. A slot may be refilled only when the
    consumers of both CTAs let go of it, so each consumer warpgroup arrives on its own and
    its peer's empty barrier (one thread each: count 2 warpgroups x 2 CTAs). The tuner
-   picks 1 or 2 per shape (8192^3: 98.3 -> 100.1 in the first A/B).
+   picks 1 or 2 per shape (the ablation's "cluster size flipped" column).
 5. Every tile takes whole trips round the ring: K is rounded up to a multiple of
    stages x block_k and TMA fills the steps past K with zeros. Each tile then starts at
    slot 0 (``producer_start_trips``), so the loop unrolled ``stages`` times indexes slots
-   with constants, as in v4. Measured before the swizzle was added, it moved v5 with
-   clusters by 0.1 to 0.7 points (at 4096^3 .. 4096 x 14336 x 4096): small, and kept
-   because it costs nothing where stages x block_k divides K: K a multiple of 256 for the
-   4-stage 128 x 256 schedule, of 512 for the 8-stage 128 x 64 one. Otherwise the cost is
-   the padding (K = 4104, 4 stages: 65 steps become 68).
+   with constants, as in v4. Measured before the swizzle was added, in an A/B on the
+   H100, the gain for v5 with clusters was small; it is kept because it costs nothing
+   where stages x block_k divides K: K a multiple of 256 for the 4-stage 128 x 256
+   schedule, of 384 for the 6-stage 128 x 128 one, of 512 for the 8-stage 128 x 64 one.
+   Otherwise the cost is the padding (K = 4104, 4 stages: 65 steps become 68).
 
 Measured and not kept: a register split (``register_split=True``: 12 warps, the producer
-warpgroup gives registers to the consumers with setmaxnreg) ran within 0.6% of the
-9-warp kernel either way: the 64 x 256 fp32 accumulator (128 registers a thread) already
-fits in the 224 a thread may have at 288 threads. It pays when the consumers need more,
-e.g. a 128 x 256 accumulator per warpgroup.
+warpgroup gives registers to the consumers with setmaxnreg) ran level with the 9-warp
+kernel, within the timer's noise (the ablation's "register split on" column): the
+64 x 256 fp32 accumulator (128 registers a thread) already fits in the 224 a thread may
+have at 288 threads. It pays when the consumers need more, e.g. a 128 x 256 accumulator
+per warpgroup.
 
 Constraints as in v1. Run: python matmul_v5.py [--sizes ...] [--check-only] [--compile-only]
 """
@@ -207,7 +210,7 @@ class BlackwellMatmulV5(GroupedTileOrder, tilus.Script):
 # where B traffic dominates (8192^3) and may cost where every tile fits in one wave
 # (2048 x 2048 x 8192: 16 x 8 = 128 tiles of 128 x 256, 64 units in clusters of 2), so the
 # tuner picks per shape. The switches after cluster_m are for the ablation
-# (docs/ablation.py), not tuned: their defaults are what measured best.
+# (docs/ablation.py), not tuned: their defaults are what measured best (docs/v5.md).
 @tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 128, 6], [128, 64, 8]])
 @tilus.autotune("block_k", [64])
 @tilus.autotune("group_m", [8, 16, 32])

@@ -46,7 +46,7 @@ BLOCK = re.compile(r"(<!-- counters (\S+) -->\n)(.*?)(<!-- /counters -->)", re.D
 LINE = re.compile(r"(<!-- counters-line (\S+) (v\d+) -->\n)(.*?)(<!-- /counters-line -->)", re.DOTALL)
 VERSIONS = ["v1", "v2", "v3", "v4", "v5"]
 SIZES = ["4096x4096x4096", "128x8192x8192"]
-RUNS, ROUNDS = 30, 5  # timed runs for the spread, in rounds as support/measure.py's time_burst takes them
+RUNS = 30  # timed runs for the spread, in the rounds of support/measure.py's time_burst
 WARMUP_CALLS = 3  # calls in the profiled child before the one it profiles
 
 # The tensor pipe's busy cycles, by the first name this ncu knows for this GPU (it goes into
@@ -214,7 +214,7 @@ def measure(version: str, size: str, ncu: str, tensor_metric: str) -> dict:
 
     from support.dispatch import chosen_schedule, format_schedule
     from support.gpu import gpu_arch
-    from support.measure import random_inputs, time_samples
+    from support.measure import burst_samples, random_inputs
 
     m, n, k = map(int, size.split("x"))
     module = importlib.import_module(f"matmul_{version}")
@@ -223,14 +223,10 @@ def measure(version: str, size: str, ncu: str, tensor_metric: str) -> dict:
     module.matmul(a, b, out)  # builds (cached on disk) and tunes this size bucket
     torch.cuda.synchronize()
     schedule = chosen_schedule(module.KERNELS[gpu_arch()], m, n, k)
-    # the burst regime of results/<gpu>.csv, as measure.time_burst times it: a few calls, then
-    # rounds of runs, each round behind a GPU spin. One long batch right after a warm-up under
-    # load ran 10-20% slower at 4096^3 (the clock drops at the power limit).
-    for _ in range(10):
-        module.matmul(a, b, out)
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > L2, zeroed before every run
-    samples = sorted(ms for _ in range(ROUNDS)
-                     for ms in time_samples(lambda: module.matmul(a, b, out), RUNS // ROUNDS, flush))
+    # the burst regime of results/<gpu>.csv, timed as measure.time_burst times it: a few calls,
+    # then rounds of runs, each round behind a GPU spin. One long batch right after a warm-up
+    # under load ran slower at 4096^3 (the clock drops at the power limit).
+    samples = sorted(burst_samples({version: lambda: module.matmul(a, b, out)}, RUNS)[version])
 
     counters = profile(ncu, tensor_metric, version, size)
     blocks_per_sm = int(min(counters[name] for name in OCCUPANCY_LIMITS))

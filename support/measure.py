@@ -81,6 +81,12 @@ def time_burst(calls: dict, repeat: int, warmup: int = 10, around=None) -> dict[
 
     ``around(name)``, if given, is a context manager wrapped around each of a call's timed runs (telemetry).
     """
+    samples = burst_samples(calls, repeat, warmup, around)
+    return {name: float(torch.tensor(times).median()) for name, times in samples.items()}
+
+
+def burst_samples(calls: dict, repeat: int, warmup: int = 10, around=None) -> dict[str, list[float]]:
+    """Every timed ms of ``time_burst``'s runs, per call."""
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > L2, zeroed before every run
     for _ in range(warmup):
         for fn in calls.values():
@@ -91,7 +97,7 @@ def time_burst(calls: dict, repeat: int, warmup: int = 10, around=None) -> dict[
         for name, fn in calls.items():
             with around(name) if around else contextlib.nullcontext():
                 samples[name] += time_samples(fn, math.ceil(repeat / rounds), flush)
-    return {name: float(torch.tensor(times).median()) for name, times in samples.items()}
+    return samples
 
 
 def tflops(m: int, n: int, k: int, ms: float) -> float:

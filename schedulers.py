@@ -78,3 +78,91 @@ class PersistentTileScheduler(GroupedTileOrder, tilus.Class):
         """(row, column) of this CTA's tile of the unit: the rank-th of its cluster_m tiles in M."""
         unit_m, tile_n = self.grouped_tile(unit, self.num_units_m, self.num_n)
         return unit_m * self.cluster_m + self.rank, tile_n
+
+
+class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
+    """v6's work of one cluster: whole units data-parallel, then a stream-K share of the rest.
+
+    The units (cluster_m tiles stacked in M) are split in two. The first ``dp_units`` are
+    whole waves, dealt out as in ``PersistentTileScheduler``: worker w (cluster w) takes
+    units w, w + workers, ... The rest, the last partial wave plus one whole wave, is seen as
+    one run of K blocks, ``k_blocks`` per unit, cut into ``workers`` equal ranges: worker w
+    computes K blocks [w * I // workers, (w + 1) * I // workers) of it, I = sk_units x
+    k_blocks. With fewer units than workers every unit is stream-K: a split-K whose pieces
+    are as even as the K blocks allow. Without ``stream_k`` every unit is data-parallel.
+
+    A range crosses units, so a worker's stream-K work is a run of pieces, each (unit,
+    k_begin, k_end) in K blocks:
+
+    - a whole unit (0, k_blocks): stored as in v5;
+    - a piece that starts after K block 0 first adds the partial sum of the unit's K
+      blocks before it, which the *predecessor* (the worker holding the block just before
+      this worker's range) left in the workspace;
+    - a piece that ends before the unit's last K block leaves its sum (with what it added)
+      in the workspace, in the slot of this CTA and warpgroup, and sets the slot's flag;
+    - the piece that ends at the last K block stores the tile.
+
+    The partial sum of a unit thus passes up the workers that hold its K blocks, lowest
+    first, and the last adds its own: the order of the sum is fixed, so the result is the
+    same bits on every run. A worker waits only on a lower one, which the GPU starts no
+    later than itself. A range holds at most two pieces that are not whole units, one at
+    each end; a worker takes its pieces last unit first, so the piece at the end of its
+    range, whose sum a higher worker waits for, is computed before anything else.
+
+        for item in scheduler.items():
+            tile_m, tile_n, k_begin, k_end = scheduler.work(item)
+    """
+
+    def __init__(self, num_units_m: int32, num_n: int32, num_units: int32, k_blocks: int32, group_m: int,
+                 cluster_m: int, rank: int32, stream_k: bool):
+        self.group_m: int = group_m
+        self.cluster_m: int = cluster_m
+        self.num_units_m = num_units_m
+        self.num_n = num_n
+        self.k_blocks = k_blocks
+        self.rank = rank
+        self.worker = self.blockIdx.x // cluster_m
+        self.workers = self.gridDim.x // cluster_m
+        dp_units: int32 = num_units
+        if stream_k:
+            if num_units % self.workers != 0:
+                # all but the last whole wave and the partial one: every worker gets at least a unit's K blocks
+                dp_units = if_then_else(num_units >= self.workers, (num_units // self.workers - 1) * self.workers, 0)
+        self.dp_units = dp_units
+        self.sk_blocks = (num_units - dp_units) * k_blocks
+        self.sk_begin = self.worker * self.sk_blocks // self.workers
+        self.sk_end = (self.worker + 1) * self.sk_blocks // self.workers
+        # data-parallel units w, w + workers, ... below dp_units; then the units the range touches
+        self.num_dp = (dp_units - self.worker + self.workers - 1) // self.workers
+        self.last_sk_unit = (self.sk_end - 1) // k_blocks
+        num_sk: int32 = 0
+        if self.sk_end > self.sk_begin:
+            num_sk = self.last_sk_unit - self.sk_begin // k_blocks + 1
+        self.num_items = self.num_dp + num_sk
+
+    def items(self):
+        return self.range(0, self.num_items, 1)
+
+    def work(self, item: int32):
+        """(tile_m, tile_n, k_begin, k_end) of this CTA's item-th piece: its tile and K blocks."""
+        unit: int32 = 0
+        k_begin: int32 = 0
+        k_end: int32 = self.k_blocks
+        if item < self.num_dp:
+            unit = self.worker + item * self.workers
+        else:
+            sk_unit = self.last_sk_unit - (item - self.num_dp)  # the range's last unit first
+            first_block = sk_unit * self.k_blocks
+            unit = self.dp_units + sk_unit
+            k_begin = if_then_else(self.sk_begin > first_block, self.sk_begin - first_block, 0)
+            k_end = if_then_else(self.sk_end < first_block + self.k_blocks, self.sk_end - first_block, self.k_blocks)
+        unit_m, tile_n = self.grouped_tile(unit, self.num_units_m, self.num_n)
+        return unit_m * self.cluster_m + self.rank, tile_n, k_begin, k_end
+
+    def predecessor(self):
+        """The worker holding the K block just before this worker's range: it hands on the partial sum.
+
+        Worker v's range starts at v * I // workers, so the worker holding K block i is the
+        largest v with v * I < (i + 1) * workers; here i = sk_begin - 1.
+        """
+        return (self.sk_begin * self.workers - 1) // self.sk_blocks

@@ -130,16 +130,43 @@ def first_launch(script_cls, gpu: Device, m: int, n: int, k: int, a, b, out) -> 
 
 
 @functools.cache  # a class's signature never changes
+def parameters(script_cls) -> tuple[str, ...]:
+    return tuple(inspect.signature(script_cls.__call__).parameters)
+
+
 def is_persistent(script_cls) -> bool:
-    """A persistent kernel (v5) takes the number of SMs after M, N, K and the three tensors."""
-    return "num_sms" in inspect.signature(script_cls.__call__).parameters
+    """A persistent kernel (v5 on) takes the number of SMs after M, N, K and the three tensors."""
+    return "num_sms" in parameters(script_cls)
+
+
+# a stream-K kernel's workspace (v6), per device: a ready flag and a partial tile of
+# SLOT_FLOATS fp32 per slot, SLOTS_PER_SM slots per SM (Hopper: one per consumer warpgroup)
+SLOTS_PER_SM = 2
+SLOT_FLOATS = 64 * 256
+_workspaces: dict[tuple, tuple] = {}
+
+
+def workspace(device: torch.device, num_sms: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flags, partials) for v6's stream-K fix-up on ``device``, allocated on first use.
+
+    The flags start at 0 and every launch leaves them at 0, so one workspace serves every
+    later launch on the device, one at a time (calls on two streams at once would share it).
+    """
+    key = (device, num_sms)
+    found = _workspaces.get(key)
+    if found is None:
+        slots = SLOTS_PER_SM * num_sms
+        found = _workspaces[key] = (torch.zeros(slots, dtype=torch.int32, device=device),
+                                    torch.empty(slots * SLOT_FLOATS, dtype=torch.float32, device=device))
+    return found
 
 
 def kernel_args(script_cls, m: int, n: int, k: int, a, b, out, num_sms: int | None = None) -> tuple:
-    """The arguments of a version's kernel: M, N, K, A, B, C and, for a persistent kernel, the SM count.
+    """The arguments of a version's kernel: M, N, K, A, B, C; for a persistent kernel the SM count; for v6 its workspace.
 
     ``num_sms`` defaults to the SM count of the current GPU (132 when building without one:
-    the value is an argument of the kernel, not compiled into it).
+    the value is an argument of the kernel, not compiled into it). Without tensors (a
+    build) the workspace is two null pointers.
     """
     args = (m, n, k, a, b, out)
     if not is_persistent(script_cls):
@@ -147,7 +174,9 @@ def kernel_args(script_cls, m: int, n: int, k: int, a, b, out, num_sms: int | No
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
             if torch.cuda.is_available() else 132
-    return (*args, num_sms)
+    if "partials_ptr" not in parameters(script_cls):
+        return (*args, num_sms)
+    return (*args, num_sms, *(workspace(a.device, num_sms) if isinstance(a, torch.Tensor) else (0, 0)))
 
 
 def jit_instance(script_cls, m: int, n: int, k: int, dtype: torch.dtype = torch.float16):

@@ -1,0 +1,520 @@
+"""v6: every SM busy on every shape: stream-K, an exact K tail, and decode schedules.
+
+What changed from v5, and why. v5 gives each SM whole tiles, and every tile the whole of
+K. Where the tiles do not divide into whole waves, or are fewer than the SMs, that leaves
+SMs idle; v6 cuts the work along K as well, so that every SM gets the same number of K
+blocks. The kernels' K loop, MMA and stores are v5's.
+
+1. Stream-K for the last wave (``StreamKTileScheduler`` in schedulers.py; Osama et al.,
+   "Stream-K", 2023, and CUTLASS's sm90 stream-K tile scheduler). 4096^3 in 128 x 256
+   tiles is 16 x 32 = 512 tiles on 132 SMs: 3 whole waves (396 tiles) and 116 tiles in a
+   fourth, during which 16 SMs wait: 512 / (4 x 132) = 97% of the machine busy at best.
+   v6 runs all but the last whole wave data-parallel (264 tiles, as v5) and deals the
+   rest, 132 + 116 = 248 tiles of 64 K blocks = 15872 blocks, out as 132 equal ranges of
+   120 or 121 blocks: every SM ends within one K block of the others. A tile whose K blocks
+   fall in two ranges is finished by the SM holding its last block (its *owner*), which adds
+   the other's fp32 partial sum from a workspace in global memory before it stores the
+   tile. With fewer tiles than SMs (skinny and decode shapes), every tile is stream-K: it
+   is a split-K whose splits are as even as the K blocks allow (128 x 8192 x 8192: 32
+   tiles of 128 x 256, 4096 blocks, 31 or 32 per SM instead of 128 on 32 SMs).
+2. A deterministic fix-up. The partial sums are added in a fixed order, lowest SM's range
+   first, not in the order they arrive: fp32 addition is not associative, and a sum whose
+   order depends on timing changes in the last bits from run to run. Each partial has its
+   own slot and a ready flag (``release_semaphore`` after the slot is written, one
+   ``st.release.gpu``; the owner spins with ``lock_semaphore``, ``ld.acquire.gpu``, then
+   sets the flag back to 0 for the next launch). An owner waits only on SMs with lower
+   numbers, which start no later than it does, and it computes its own piece last, when
+   theirs are long written. The workspace (a flag and a 64 x 256 fp32 slot per consumer
+   warpgroup per SM, 17 MB on 132 SMs) is allocated once per GPU by the launch path.
+3. An exact K tail. v5 ran every tile in whole trips round the ring, padding K to a
+   multiple of stages x block_k (K = 2056 with 4 stages of 64: 36 K blocks computed for 33
+   needed, 9% extra). A stream-K piece starts and ends anywhere, so v6's ring cursor runs
+   on from piece to piece and each piece loads exactly its K blocks, the last one partial
+   where 64 does not divide K (TMA fills the columns past K with zeros). Slots are then
+   indexed at run time, no longer by constants of an unrolled loop.
+4. Decode schedules (M <= 64). wgmma's M is 64 per warpgroup, so at M = 16 a 128-row tile
+   computes 112 rows of zeros. Swapping the operands (``swap_ab``: C^T = B A^T) puts the
+   weights on wgmma's M and the caller's M on its N, which may be 8 to 256: a 128 x 16 tile
+   of C^T wastes nothing at M = 16. The epilogue stores the tile transposed (stmatrix
+   .trans). Decode is memory-bound: the weights are read once (1 x 14336 x 4096: 117 MB,
+   39 us at 3 TB/s, against 0.1 us of tensor work), so what matters is that every SM
+   streams its share of them: 112 tiles of 128 weight rows on 132 SMs leave 20 SMs idle,
+   stream-K gives each 1/132 of the K blocks.
+
+The tuner picks stream_k on or off, and swap_ab, per size bucket; both show in the
+schedule string.
+
+Constraints as in v1. Run: python matmul_v6.py [--sizes ...] [--check-only] [--compile-only]
+"""
+
+import sys
+
+import tilus
+import torch
+from tilus import DataType, RegisterTensor, float16, float32, int32, uint32, void_p
+from tilus.ir.layout.shared_layout import Swizzle, shared_layout
+from tilus.utils import cdiv
+
+import support
+from pipeline import Pipeline
+from schedulers import StreamKTileScheduler, persistent_blocks
+
+
+# v5's Blackwell kernel on v6's scheduler, with the exact K tail: stream-K and nothing else.
+# Swapped operands are the Hopper kernel's alone: the transposed store of a tcgen05 tile
+# does not build in tilus 0.2.0 (no stmatrix .trans layout for it), and with no Blackwell
+# GPU to measure on, the decode schedules wait. Four stages throughout: v5's deepest ring.
+@tilus.autotune("block_m, block_n, e_block_n", [[128, 64, 32], [128, 128, 32], [128, 256, 32]])
+@tilus.autotune("block_k", [64])
+@tilus.autotune("stages", [4])
+@tilus.autotune("group_m", [8])
+@tilus.autotune("stream_k", [False, True])
+class BlackwellMatmulV6(tilus.Script):
+    def __init__(
+        self,
+        block_m: int,
+        block_n: int,
+        block_k: int,
+        e_block_n: int,
+        stages: int,
+        group_m: int,
+        stream_k: bool,
+        dtype: DataType = float16,
+    ):
+        super().__init__()
+        self.dtype = dtype  # float16 or bfloat16: A, B and C
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.e_block_n = e_block_n
+        self.stages = stages
+        self.group_m = group_m
+        self.stream_k = stream_k
+
+    def __call__(
+        self,
+        m_size: int32,
+        n_size: int32,
+        k_size: int32,
+        a_ptr: void_p,
+        b_ptr: void_p,
+        c_ptr: void_p,
+        num_sms: int32,
+        flags_ptr: void_p,
+        partials_ptr: void_p,
+    ):
+        num_m = cdiv(m_size, self.block_m)
+        num_n = cdiv(n_size, self.block_n)
+        self.attrs.blocks = persistent_blocks(num_m * num_n, num_sms, 1)
+        self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
+        # 2. operands: global views, shared tiles, the accumulator; the stream-K workspace (a ready
+        # flag and a partial tile per CTA)
+        self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms])
+        self.g_partials = self.global_view(partials_ptr, dtype=float32, shape=[num_sms * self.block_m, self.block_n])
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
+        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
+        self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+
+        # 3. barriers
+        self.pipe = Pipeline(self.stages, consumer_arrivals=1)  # the tensor core arrives once per slot
+        self.flush_barrier = self.mbarrier.alloc(counts=[1])
+        self.sync()
+        self.pipe.producer_start()
+        self.pipe.consumer_start()
+        flush_phase: uint32 = 0
+        # 1. this block's pieces of work: whole tiles, then a stream-K range of K blocks
+        self.scheduler = StreamKTileScheduler(
+            num_m, num_n, num_m * num_n, cdiv(k_size, self.block_k), self.group_m, 1, 0, self.stream_k
+        )
+        for item in self.scheduler.items():
+            tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
+
+            # 4. the K loop, one per role; the ring's cursors run on from piece to piece
+            with self.thread_group(thread_begin=0, num_threads=32):  # producer: the TMA warp
+                self.producer(tile_m, tile_n, k_begin, k_end)
+            with self.thread_group(thread_begin=32, num_threads=32):  # consumer: the MMA warp
+                self.mma(k_begin, k_end)
+                self.mbarrier.wait(self.flush_barrier, phase=flush_phase)  # every MMA has finished: TMEM holds the piece
+            flush_phase ^= 1
+            self.sync()  # all four warps end the piece: the producer loads the next one only after
+
+            # 5. the piece's end: a partial to the workspace, or the tile (with the partials added) to C
+            if self.stream_k:
+                self.end_piece(tile_m, tile_n, k_begin, k_end)
+            else:
+                self.epilogue(tile_m, tile_n)
+
+        self.tcgen05.dealloc(self.t_acc)
+
+    def producer(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
+        """The TMA warp: K blocks k_begin to k_end of the tile into the ring, the last one partial if K ends in it."""
+        for k_block in self.range(k_begin, k_end, 1):
+            offset_k = k_block * self.block_k
+            self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
+            self.tma.global_to_shared(
+                src=self.g_a,
+                dst=self.s_a[self.pipe.producer_stage],
+                offsets=[self.block_m * tile_m, offset_k],
+                mbarrier=self.pipe.producer_barrier(),
+            )
+            self.tma.global_to_shared(
+                src=self.g_b,
+                dst=self.s_b[self.pipe.producer_stage],
+                offsets=[self.block_n * tile_n, offset_k],
+                mbarrier=self.pipe.producer_barrier(),
+            )
+            self.pipe.producer_advance()
+
+    def mma(self, k_begin: int32, k_end: int32):
+        """The MMA warp, the ring's consumer: one tcgen05.mma per K block into TMEM, none waited for."""
+        for k_block in self.range(k_begin, k_end, 1):
+            self.pipe.consumer_acquire()
+            # the piece's first block overwrites TMEM, which holds the last piece
+            self.tcgen05.mma(
+                self.s_a[self.pipe.consumer_stage],
+                self.s_b[self.pipe.consumer_stage].transpose(),
+                self.t_acc,
+                enable_input_d=k_block != k_begin,
+            )
+            # no wait: the hardware arrives on the slot's empty barrier once this MMA has finished
+            self.pipe.consumer_release_async()
+            self.pipe.consumer_advance()
+
+        # flush barrier: one more commit tracks every MMA issued above
+        self.tcgen05.commit(mbarrier=self.flush_barrier)
+
+    def load_slice(self, e_offset_n: int32):
+        """e_block_n columns of the accumulator, TMEM -> registers."""
+        t_acc_slice = self.tcgen05.slice(
+            self.t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
+        )
+        r_acc = self.tcgen05.load(t_acc_slice)
+        self.tcgen05.wait_load()
+        return r_acc
+
+    def epilogue(self, tile_m: int32, tile_n: int32):
+        """TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time, by all 4 warps."""
+        for e_offset_n in range(0, self.block_n, self.e_block_n):
+            self.store_slice(self.load_slice(e_offset_n).to(self.dtype), tile_m, tile_n, e_offset_n)
+
+    def end_piece(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
+        """A stream-K piece's end, as on Hopper: add the predecessor's sum, then hand it on or store the tile."""
+        predecessor = self.scheduler.predecessor()
+        if k_begin > 0:
+            self.lock_semaphore(self.g_flags[predecessor].item_ptr(), 1)
+        for e_offset_n in range(0, self.block_n, self.e_block_n):
+            r_acc = self.load_slice(e_offset_n)
+            if k_begin > 0:
+                partial = self.load_global(self.g_partials, offsets=[predecessor * self.block_m, e_offset_n],
+                                           shape=[self.block_m, self.e_block_n])
+                self.add(r_acc, partial, out=r_acc)
+            if k_end < self.scheduler.k_blocks:
+                self.store_global(self.g_partials, r_acc, offsets=[self.blockIdx.x * self.block_m, e_offset_n])
+            else:
+                self.store_slice(r_acc.to(self.dtype), tile_m, tile_n, e_offset_n)
+        if k_begin > 0:
+            self.release_semaphore(self.g_flags[predecessor].item_ptr(), 0)  # for the next launch
+        if k_end < self.scheduler.k_blocks:
+            self.sync()  # every thread's stores happen before the release below
+            self.release_semaphore(self.g_flags[self.blockIdx.x].item_ptr(), 1)
+
+    def store_slice(self, r_c: RegisterTensor, tile_m: int32, tile_n: int32, e_offset_n: int32):
+        """e_block_n columns of the tile to C through s_c and one TMA store."""
+        self.store_shared(self.s_c, r_c)
+        self.write_s_c(self.block_m * tile_m, self.block_n * tile_n + e_offset_n)
+
+    def write_s_c(self, offset_m: int32, offset_n: int32):
+        """s_c to C at (offset_m, offset_n) by one TMA store, from one warp; s_c may be rewritten after."""
+        # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
+        self.fence.proxy_async(space="shared")
+        self.sync()
+        with self.single_warp():
+            self.tma.shared_to_global(self.s_c, self.g_c, offsets=[offset_m, offset_n], dims=[0, 1])
+            self.tma.commit_group()
+            self.tma.wait_group(n=0, read=True)  # s_c is rewritten next iteration
+        self.sync()
+
+
+# v5's tiles, rings and clusters, and two tiles for decode (swap_ab: the kernel's A is the
+# caller's B, so M <= 64 sits on wgmma's N of 16 or 64 instead of filling half or more of a
+# 128-row tile with zeros; twelve and eight stages, since a decode kernel only streams B).
+# stream_k is on or off per schedule, and the tuner picks. Not with 128 x 256: the partial
+# sum loaded beside the 64 x 256 accumulator would take 256 registers a thread, more than
+# the 224 a thread may have at 288 threads (ptxas spills). group_m is 8 alone: v5's tuner
+# chose 8 at every shape of more than one wave, and with fewer units than SMs it is moot.
+@tilus.autotune("block_m, block_n, stages, cluster_m, swap_ab, stream_k", [
+    [128, 256, 4, 1, False, False], [128, 256, 4, 2, False, False],
+    [128, 128, 6, 1, False, False], [128, 128, 6, 2, False, False],
+    [128, 128, 6, 1, False, True], [128, 128, 6, 2, False, True],
+    [128, 64, 8, 1, False, False], [128, 64, 8, 1, False, True],
+    [128, 16, 12, 1, True, True], [128, 64, 8, 1, True, True],
+])
+@tilus.autotune("block_k", [64])
+@tilus.autotune("group_m", [8])
+class HopperMatmulV6(tilus.Script):
+    def __init__(
+        self,
+        block_m: int,
+        block_n: int,
+        block_k: int,
+        stages: int,
+        group_m: int,
+        cluster_m: int,
+        swap_ab: bool,
+        stream_k: bool,
+        dtype: DataType = float16,
+    ):
+        super().__init__()
+        self.dtype = dtype  # float16 or bfloat16: A, B and C
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.stages = stages
+        self.group_m = group_m
+        self.cluster_m = cluster_m
+        self.swap_ab = swap_ab
+        self.stream_k = stream_k
+        self.consumer_m = block_m // 2  # rows of the tile each consumer warpgroup owns
+        # a CTA's loads of B go to every CTA of its cluster
+        self.multicast_mask = (1 << cluster_m) - 1 if cluster_m > 1 else None
+        if swap_ab:
+            self.output_tile = self.output_tile_transposed
+            self.epilogue = self.epilogue_transposed
+
+    def __call__(
+        self,
+        m_size: int32,
+        n_size: int32,
+        k_size: int32,
+        a_ptr: void_p,
+        b_ptr: void_p,
+        c_ptr: void_p,
+        num_sms: int32,
+        flags_ptr: void_p,
+        partials_ptr: void_p,
+    ):
+        # 2. operands. With swap_ab the kernel computes C^T = B A^T: its A is the caller's B and
+        # its M the caller's N; only the epilogue, which stores the tile transposed, knows
+        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        if self.swap_ab:
+            self.g_a = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+            self.g_b = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+            num_m = cdiv(n_size, self.block_m)
+            num_n = cdiv(m_size, self.block_n)
+        else:
+            self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+            self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+            num_m = cdiv(m_size, self.block_m)
+            num_n = cdiv(n_size, self.block_n)
+        # a unit of work: cluster_m tiles stacked in M, one per CTA of a cluster, sharing B
+        num_units_m = cdiv(num_m, self.cluster_m)
+        num_units = num_units_m * num_n
+        self.attrs.blocks = persistent_blocks(num_units, num_sms, self.cluster_m)
+        self.attrs.cluster_blocks = self.cluster_m
+        self.attrs.warps = 9
+        # the stream-K workspace: a ready flag and a partial tile per (CTA, consumer warpgroup)
+        self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms * 2])
+        self.g_partials = self.global_view(partials_ptr, dtype=float32, shape=[num_sms * 2 * self.consumer_m, self.block_n])
+        # A's slot holds one half per consumer; both consumers read the whole B slot
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.consumer_m, self.block_k])
+        # B's slot in cluster_m parts: each CTA of the cluster loads one part into every CTA
+        self.s_b = self.shared_tensor(
+            dtype=self.dtype, shape=[self.stages, self.cluster_m, self.block_n // self.cluster_m, self.block_k]
+        )
+        # one output tile for both consumers, in turn, as in v4
+        self.s_c = self.output_tile()
+
+        # 3. barriers: a slot is free once both consumer warpgroups of every CTA that reads it let go
+        self.pipe = Pipeline(self.stages, consumer_arrivals=2 * self.cluster_m)
+        self.s_c_free = self.mbarrier.alloc(counts=[1, 1])  # s_c is free for warpgroup 0, 1
+        if self.cluster_m > 1:
+            self.cluster.sync()  # a peer may signal our barriers only once they are initialised
+            rank: int32 = self.cluster.blockRank
+        else:
+            self.sync()
+            rank: int32 = 0
+        self.rank = rank  # this CTA's place in its cluster
+        # 1. this block's (this cluster's) pieces of work: whole tiles, then a stream-K range of K blocks
+        self.scheduler = StreamKTileScheduler(
+            num_units_m, num_n, num_units, cdiv(k_size, self.block_k), self.group_m, self.cluster_m, rank,
+            self.stream_k,
+        )
+
+        # 4. the K loop of every piece, one per role: the producer, each consumer
+        self.producer()
+        self.consumer(0)
+        self.consumer(1)
+
+        if self.cluster_m > 1:
+            self.cluster.sync()  # stay until the peer has stopped writing into our slots and barriers
+
+    def output_tile(self):
+        """s_c in 64-column boxes, each with TMA's 128-byte swizzle: no bank conflicts, a TMA store per box."""
+        # row r's 16-byte chunk c sits at chunk c ^ (r % 8), so the 8 rows an stmatrix writes
+        # hit 8 different bank groups
+        return self.swizzled_boxes(self.block_n // 64, self.consumer_m)
+
+    def output_tile_transposed(self):
+        """swap_ab: a warpgroup's tile is block_n rows of C (the caller's M) by its 64 columns: one box."""
+        return self.swizzled_boxes(1, self.block_n)
+
+    def swizzled_boxes(self, boxes: int, rows: int):
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[boxes, rows, 64])
+        self.annotate_layout(s_c, shared_layout(
+            shape=[boxes, rows, 64], mode_shape=[boxes, rows, 64],
+            mode_strides=[rows * 64, 64, 1], optional_swizzle=Swizzle(base=3, bits=3, shift=3),
+        ))
+        return s_c
+
+    def producer(self):
+        """The TMA warp: every K block of every piece of this block, as far ahead as the ring allows."""
+        with self.thread_group(thread_begin=256, num_threads=32):
+            self.pipe.producer_start()
+            for item in self.scheduler.items():
+                tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
+                self.load_piece(tile_m, tile_n, k_begin, k_end)
+
+    def load_piece(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
+        """K blocks k_begin to k_end of a tile: A in two halves, one per consumer, then B.
+
+        The ring's cursor runs on from piece to piece, whatever its length: no piece is
+        padded to whole trips, and the last K block is partial where block_k does not
+        divide K (TMA fills what lies past K with zeros).
+        """
+        for k_block in self.range(k_begin, k_end, 1):
+            offset_k = k_block * self.block_k
+            self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
+            for part in range(2):
+                self.tma.global_to_shared(
+                    src=self.g_a,
+                    dst=self.s_a[self.pipe.producer_stage, part],
+                    offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k],
+                    mbarrier=self.pipe.producer_barrier(),
+                )
+            self.load_b(self.block_n * tile_n, offset_k)
+            self.pipe.producer_advance()
+
+    def load_b(self, offset_n: int32, offset_k: int32):
+        """Load slot producer_stage of B: all of it alone, or this CTA's part, multicast to the cluster."""
+        part_n = self.block_n // self.cluster_m
+        self.tma.global_to_shared(
+            src=self.g_b,
+            dst=self.s_b[self.pipe.producer_stage, self.rank],
+            offsets=[offset_n + self.rank * part_n, offset_k],
+            mbarrier=self.pipe.producer_barrier(),
+            multicast_mask=self.multicast_mask,
+        )
+
+    def consumer(self, warpgroup: int):
+        """One consumer warpgroup: its rows of every piece, the K loop then the piece's end."""
+        with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
+            self.pipe.consumer_start()
+            c_phase: uint32 = 1 - warpgroup  # warpgroup 0 writes s_c first
+            for item in self.scheduler.items():
+                tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
+                acc = self.mma(warpgroup, k_begin, k_end)
+
+                # 5. the piece's end: the two consumers take turns with s_c
+                self.mbarrier.wait(self.s_c_free[warpgroup], phase=c_phase)
+                c_phase ^= 1
+                if self.stream_k:
+                    self.end_piece(warpgroup, acc, tile_m, tile_n, k_begin, k_end)
+                else:
+                    self.epilogue(warpgroup, acc, tile_m, tile_n)
+
+    def mma(self, warpgroup: int, k_begin: int32, k_end: int32):
+        """This warpgroup's rows of one piece, K blocks k_begin to k_end, into a fresh accumulator."""
+        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+        for k_block in self.range(k_begin, k_end, 1):
+            self.pipe.consumer_acquire()
+            s_b_slot = self.reshape_shared(self.s_b[self.pipe.consumer_stage], [self.block_n, self.block_k])
+            self.wgmma.fence()
+            self.wgmma.mma(self.s_a[self.pipe.consumer_stage, warpgroup], s_b_slot.transpose(), acc)
+            self.wgmma.commit_group()
+            self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
+            if k_block > k_begin:
+                self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
+            self.pipe.consumer_advance()
+        # Hopper's flush: the accumulator is final only now, and the piece's last slot is free
+        self.wgmma.wait_group(0)
+        self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
+        return acc
+
+    def end_piece(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32, k_begin: int32,
+                  k_end: int32):
+        """A stream-K piece's end: add the sum of the tile's K blocks before it, then hand it on or store the tile."""
+        if k_begin > 0:
+            self.add_partial(warpgroup, acc)
+        if k_end < self.scheduler.k_blocks:
+            self.save_partial(warpgroup, acc)  # a higher worker adds the tile's next K blocks
+            with self.single_thread():
+                self.mbarrier.arrive(self.s_c_free[1 - warpgroup])  # s_c unused: the other warpgroup's turn
+        else:
+            self.epilogue(warpgroup, acc, tile_m, tile_n)
+
+    def add_partial(self, warpgroup: int, acc: RegisterTensor):
+        """Wait for the predecessor's sum of the tile's earlier K blocks and add it; its flag goes back to 0."""
+        slot: int32 = (self.scheduler.predecessor() * self.cluster_m + self.rank) * 2 + warpgroup
+        flag: ~int32 = self.g_flags[slot].item_ptr()
+        self.lock_semaphore(flag, 1)
+        partial = self.load_global(self.g_partials, offsets=[slot * self.consumer_m, 0],
+                                   shape=[self.consumer_m, self.block_n])
+        self.add(acc, partial, out=acc)
+        self.release_semaphore(flag, 0)  # for the next launch: this slot is not read again in this one
+
+    def save_partial(self, warpgroup: int, acc: RegisterTensor):
+        """The piece's sum to this CTA and warpgroup's slot, then its flag (st.release: after every thread's stores)."""
+        slot: int32 = self.blockIdx.x * 2 + warpgroup
+        flag: ~int32 = self.g_flags[slot].item_ptr()
+        self.store_global(self.g_partials, acc, offsets=[slot * self.consumer_m, 0])
+        self.sync()  # this warpgroup's named barrier: all 128 threads have stored
+        self.release_semaphore(flag, 1)
+
+    def epilogue(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
+        """Registers -> the swizzled s_c -> global, one TMA store per 64-column box; then s_c is the other's."""
+        offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
+        offset_n = self.block_n * tile_n
+        # the boxes seen as one consumer_m x block_n tile
+        s_c_rows = self.reshape_shared(self.s_c.permute([1, 0, 2]), [self.consumer_m, self.block_n])
+        self.store_shared(s_c_rows, acc.to(self.dtype))
+        self.store_output(warpgroup, offset_m, offset_n)
+
+    def epilogue_transposed(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
+        """swap_ab: the tile is C^T's, so it goes to s_c transposed (stmatrix .trans), then to C as one box."""
+        self.store_shared(self.s_c[0], self.transpose(acc.to(self.dtype)))
+        self.store_output(warpgroup, self.block_n * tile_n, self.block_m * tile_m + warpgroup * self.consumer_m)
+
+    def store_output(self, warpgroup: int, offset_m: int32, offset_n: int32):
+        """s_c's 64-column boxes to C from (offset_m, offset_n) on, by TMA; once read, s_c is the other warpgroup's."""
+        # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
+        self.fence.proxy_async(space="shared")
+        self.sync()  # this warpgroup only (a named barrier)
+        with self.single_warp():
+            for box in range(self.s_c.shape[0]):
+                self.tma.shared_to_global(self.s_c[box], self.g_c, offsets=[offset_m, offset_n + box * 64], dims=[0, 1])
+            self.tma.commit_group()
+            self.tma.wait_group(n=0, read=True)  # the TMA engine has read s_c: the next writer may go
+            with self.single_thread():
+                self.mbarrier.arrive(self.s_c_free[1 - warpgroup])
+
+
+KERNELS = {"blackwell": BlackwellMatmulV6, "hopper": HopperMatmulV6}
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """C = A @ B.T for A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+
+    A, B and C are all fp16 or all bf16. The stream-K schedules use one workspace per GPU:
+    calls on two streams of one GPU must not run at the same time.
+
+    Raises TypeError/ValueError naming the rule for input the kernels cannot take.
+    """
+    return support.launch(KERNELS, a, b, out)
+
+
+if __name__ == "__main__":
+    sys.exit(support.main("v6", KERNELS, matmul))

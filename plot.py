@@ -55,6 +55,7 @@ CLASS_SIZES = [
     "4096x14336x4096", "4096x4096x14336",  # LLM-like: an MLP's up and down projection, 4096 tokens
     "128x8192x8192", "256x14336x4096",  # skinny: M <= 256
     "16384x1024x4096", "2048x2048x8192",  # few tiles: under 4 waves of 128 x 256 tiles on 132 SMs
+    "3000x5000x2056",  # few tiles, and K no multiple of a ring trip (33 K blocks of 64)
     # decode: 1, 16 or 64 tokens through an LLM layer's weights (N x K): memory-bound
     *(f"{m}x{nk}" for m in (1, 16, 64) for nk in ("4096x4096", "14336x4096", "4096x14336")),
 ]

@@ -4,7 +4,7 @@ import tilus
 from tilus import float16, int32
 
 from pipeline import Pipeline
-from schedulers import GroupedTileOrder
+from schedulers import GroupedTileOrder, StreamKTileScheduler
 
 TILE = 64  # rows and columns of one slot of PipelineCopy
 
@@ -68,3 +68,30 @@ class TileOrderProbe(GroupedTileOrder, tilus.Script):
             index = self.register_tensor(dtype=int32, shape=[1, 1], init=lambda i, j: launched)
             self.store_global(g_order, index, offsets=[tile_m, tile_n])
 
+
+
+class StreamKProbe(tilus.Script):
+    """One block per worker: for each K block of each piece it is given, write its worker number into the cell."""
+
+    def __init__(self, group_m: int):
+        super().__init__()
+        self.group_m = group_m
+
+    def __call__(self, num_m: int32, num_n: int32, k_blocks: int32, workers: int32, cover_ptr: ~int32,
+                 predecessor_ptr: ~int32):
+        self.attrs.blocks = workers
+        self.attrs.warps = 1
+        g_cover = self.global_view(cover_ptr, dtype=int32, shape=[num_m, num_n, k_blocks])
+        g_predecessor = self.global_view(predecessor_ptr, dtype=int32, shape=[num_m, num_n, k_blocks])
+        scheduler = StreamKTileScheduler(num_m, num_n, num_m * num_n, k_blocks, self.group_m, 1, 0, True)
+        with self.single_thread():
+            worker: int32 = scheduler.worker
+            for item in scheduler.items():
+                tile_m, tile_n, k_begin, k_end = scheduler.work(item)
+                for k_block in self.range(k_begin, k_end, 1):
+                    mark = self.register_tensor(dtype=int32, shape=[1, 1, 1], init=lambda i, j, k: worker)
+                    self.store_global(g_cover, mark, offsets=[tile_m, tile_n, k_block])
+                if k_begin > 0:
+                    before: int32 = scheduler.predecessor()
+                    held = self.register_tensor(dtype=int32, shape=[1, 1, 1], init=lambda i, j, k: before)
+                    self.store_global(g_predecessor, held, offsets=[tile_m, tile_n, k_begin])

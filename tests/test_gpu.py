@@ -18,9 +18,11 @@ from support import cache, gpu, measure
 pytestmark = pytest.mark.gpu
 
 # square sizes the results are quoted at, shapes that are not tile multiples, one whose
-# grouped tile order divides by 7 and 5 (fast_divmod, compat defect 4), and decode (M = 1, 16)
+# grouped tile order divides by 7 and 5 (fast_divmod, compat defect 4), decode (M = 1, 16), and
+# tile counts just past a multiple of 132 SMs with K no multiple of 64 (v6's stream-K and exact K:
+# 272 tiles of 128 x 256, 544 of 128 x 128, 33 K blocks, the last one partial)
 SHAPES = ["4096", "8192", "1000x1016x1024", "129x264x72", "3000x520x4104", "7x8x8", "640x1792x128",
-          "1x4096x4096", "16x14336x4104"]
+          "1x4096x4096", "16x14336x4104", "2176x4096x2056"]
 
 
 def run_child(args: list[str], timeout: float) -> str:
@@ -201,3 +203,81 @@ for compiled, index in zip(jit.compiled_programs, jit.valid_schedules):
 """)
     lines = output.strip().splitlines()
     assert len(lines) == 4 * len(GRIDS) and all(line.endswith(" ok") for line in lines), output
+
+
+def test_stream_k_is_bitwise_deterministic_and_leaves_the_workspace_clean():
+    # v6's fix-up adds partial sums in a fixed order: ten runs of every stream-K schedule give the
+    # same bits, on shapes whose units are split over several SMs (decode, skinny, the hybrid's
+    # last waves, an exact K tail), and every launch leaves the flags at 0 for the next
+    output = run_probe("""
+import torch, matmul_v6
+from support import dispatch, gpu, measure
+kernel = matmul_v6.KERNELS[gpu.gpu_arch()]
+jit = dispatch.jit_instance(kernel, 4096, 4096, 4096)
+jit.programs()
+for compiled, index in zip(jit.compiled_programs, jit.valid_schedules):
+    schedule = jit.schedules[index]
+    if not schedule["stream_k"]:
+        continue
+    for m, n, k in [(1, 4096, 14336), (64, 14336, 4096), (128, 8192, 8192), (4096, 4096, 4096), (3000, 5000, 2056)]:
+        a, b, ref = measure.random_inputs(m, n, k, seed=3)
+        out = torch.empty(m, n, dtype=a.dtype, device="cuda")
+        args = dispatch.kernel_args(kernel, m, n, k, a, b, out)
+        func = compiled.get_launch_func()
+        func(*args)
+        first = out.clone()
+        same = True
+        for _ in range(9):
+            out.fill_(float("nan"))
+            func(*args)
+            same = same and torch.equal(out, first)
+        measure.sync_or_exit(f"{kernel.__name__} {dispatch.format_schedule(schedule)} at {m}x{n}x{k}", 60)
+        ok = same and measure.passes(measure.relative_error(first, ref), a.dtype)
+        print(m, n, k, dispatch.format_schedule(schedule), "ok" if ok else "DIFFERENT")
+flags = args[7]
+print("flags clean" if int(flags.abs().sum()) == 0 else "FLAGS LEFT SET")
+""", timeout=600)
+    assert "DIFFERENT" not in output and "flags clean" in output and output.count(" ok") >= 5, output
+
+
+def test_stream_k_gives_every_k_block_to_one_worker_and_names_its_predecessor():
+    # v6's StreamKTileScheduler on grids below, at and past a whole number of waves, K blocks from
+    # 1 to more than a tile's share: each K block of each tile goes to the worker the range
+    # arithmetic says, and a piece that starts inside a tile names the worker holding the block before
+    output = run_probe("""
+import torch, probe_kernels
+from support import cache, gpu, measure
+cache.use_cache(probe_kernels.StreamKProbe, gpu.gpu_label())
+jit = probe_kernels.StreamKProbe(8)
+def expected(num_m, num_n, k_blocks, workers):
+    units = num_m * num_n
+    dp = units if units % workers == 0 else max(units // workers - 1, 0) * workers
+    blocks = (units - dp) * k_blocks
+    owner = {}
+    for w in range(workers):
+        for unit in range(w, dp, workers):
+            owner.update({(unit, k): w for k in range(k_blocks)})
+        for i in range(w * blocks // workers, (w + 1) * blocks // workers):
+            owner[dp + i // k_blocks, i % k_blocks] = w
+    return owner
+from test_pipeline import raster
+for num_m, num_n, k_blocks, workers in [(1, 1, 1, 3), (4, 8, 224, 132), (4, 8, 3, 132), (16, 32, 64, 132),
+                                        (17, 16, 33, 132), (8, 17, 7, 66), (1, 112, 64, 132), (24, 24, 5, 132)]:
+    cover = torch.full((num_m, num_n, k_blocks), -1, dtype=torch.int32, device="cuda")
+    before = torch.full_like(cover, -1)
+    jit(num_m, num_n, k_blocks, workers, cover, before)
+    measure.sync_or_exit("StreamKProbe", 60)
+    cover, before = cover.cpu().tolist(), before.cpu().tolist()
+    tiles = raster.grouped_order(num_m, num_n, 8)
+    owner = expected(num_m, num_n, k_blocks, workers)
+    ok = all(cover[m][n][k] == owner[unit, k] for unit, (m, n) in enumerate(tiles) for k in range(k_blocks))
+    for unit, (m, n) in enumerate(tiles):
+        for k in range(1, k_blocks):
+            held = before[m][n][k]
+            if held != -1:
+                ok = ok and held == owner[unit, k - 1] and owner[unit, k] != held
+            elif owner[unit, k] != owner[unit, k - 1]:
+                ok = False  # a piece starts here but named no predecessor
+    print(num_m, num_n, k_blocks, workers, "ok" if ok else "WRONG")
+""")
+    assert "WRONG" not in output and output.count("ok") == 8, output

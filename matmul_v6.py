@@ -57,7 +57,7 @@ from tilus.utils import cdiv
 
 import support
 from pipeline import Pipeline
-from schedulers import StreamKTileScheduler, persistent_blocks
+from schedulers import MAX_SHARERS, StreamKTileScheduler, persistent_blocks
 
 
 # v5's Blackwell kernel on v6's scheduler, with the exact K tail: stream-K and nothing else.
@@ -202,25 +202,44 @@ class BlackwellMatmulV6(tilus.Script):
             self.store_slice(self.load_slice(e_offset_n).to(self.dtype), tile_m, tile_n, e_offset_n)
 
     def end_piece(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """A stream-K piece's end, as on Hopper: add the predecessor's sum, then hand it on or store the tile."""
-        predecessor = self.scheduler.predecessor()
-        if k_begin > 0:
-            self.lock_semaphore(self.g_flags[predecessor].item_ptr(), 1)
-        for e_offset_n in range(0, self.block_n, self.e_block_n):
-            r_acc = self.load_slice(e_offset_n)
-            if k_begin > 0:
-                partial = self.load_global(self.g_partials, offsets=[predecessor * self.block_m, e_offset_n],
-                                           shape=[self.block_m, self.e_block_n])
-                self.add(r_acc, partial, out=r_acc)
-            if k_end < self.scheduler.k_blocks:
-                self.store_global(self.g_partials, r_acc, offsets=[self.blockIdx.x * self.block_m, e_offset_n])
-            else:
-                self.store_slice(r_acc.to(self.dtype), tile_m, tile_n, e_offset_n)
-        if k_begin > 0:
-            self.release_semaphore(self.g_flags[predecessor].item_ptr(), 0)  # for the next launch
+        """A stream-K piece's end, as on Hopper: its sum to the workspace, or the tile with the sharers' sums to C."""
         if k_end < self.scheduler.k_blocks:
+            for e_offset_n in range(0, self.block_n, self.e_block_n):
+                self.store_global(self.g_partials, self.load_slice(e_offset_n),
+                                  offsets=[self.blockIdx.x * self.block_m, e_offset_n])
             self.sync()  # every thread's stores happen before the release below
             self.release_semaphore(self.g_flags[self.blockIdx.x].item_ptr(), 1)
+        else:
+            first = self.scheduler.first_sharer()
+            if k_begin > 0:
+                self.wait_for_sharers(first)
+            for e_offset_n in range(0, self.block_n, self.e_block_n):
+                r_acc = self.load_slice(e_offset_n)
+                if k_begin > 0:
+                    self.add_partials(r_acc, first, e_offset_n)
+                self.store_slice(r_acc.to(self.dtype), tile_m, tile_n, e_offset_n)
+            if k_begin > 0:
+                self.reset_flags(first)
+
+    def wait_for_sharers(self, first: int32):
+        """The owner's fix-up, 1: wait until every lower sharer of the tile has left its sum."""
+        for sharer in range(MAX_SHARERS - 1):
+            if first + sharer < self.scheduler.worker:
+                self.lock_semaphore(self.g_flags[first + sharer].item_ptr(), 1)
+
+    def add_partials(self, r_acc: RegisterTensor, first: int32, e_offset_n: int32):
+        """2: add their sums of these columns, lowest worker first (a fixed order: the same bits every run)."""
+        for sharer in range(MAX_SHARERS - 1):
+            if first + sharer < self.scheduler.worker:
+                partial = self.load_global(self.g_partials, offsets=[(first + sharer) * self.block_m, e_offset_n],
+                                           shape=[self.block_m, self.e_block_n])
+                self.add(r_acc, partial, out=r_acc)
+
+    def reset_flags(self, first: int32):
+        """3: their flags back to 0 for the next launch."""
+        for sharer in range(MAX_SHARERS - 1):
+            if first + sharer < self.scheduler.worker:
+                self.release_semaphore(self.g_flags[first + sharer].item_ptr(), 0)
 
     def store_slice(self, r_c: RegisterTensor, tile_m: int32, tile_n: int32, e_offset_n: int32):
         """e_block_n columns of the tile to C through s_c and one TMA store."""
@@ -446,25 +465,42 @@ class HopperMatmulV6(tilus.Script):
 
     def end_piece(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32, k_begin: int32,
                   k_end: int32):
-        """A stream-K piece's end: add the sum of the tile's K blocks before it, then hand it on or store the tile."""
-        if k_begin > 0:
-            self.add_partial(warpgroup, acc)
+        """A stream-K piece's end: its sum to the workspace, or the tile, with the other sharers' sums added, to C."""
         if k_end < self.scheduler.k_blocks:
-            self.save_partial(warpgroup, acc)  # a higher worker adds the tile's next K blocks
+            self.save_partial(warpgroup, acc)  # the tile's owner adds it
             with self.single_thread():
                 self.mbarrier.arrive(self.s_c_free[1 - warpgroup])  # s_c unused: the other warpgroup's turn
         else:
+            if k_begin > 0:
+                self.add_partials(warpgroup, acc)
             self.epilogue(warpgroup, acc, tile_m, tile_n)
 
-    def add_partial(self, warpgroup: int, acc: RegisterTensor):
-        """Wait for the predecessor's sum of the tile's earlier K blocks and add it; its flag goes back to 0."""
-        slot: int32 = (self.scheduler.predecessor() * self.cluster_m + self.rank) * 2 + warpgroup
+    def add_partials(self, warpgroup: int, acc: RegisterTensor):
+        """The owner's fix-up: the sums of the tile's other sharers (at most MAX_SHARERS - 1), lowest worker first.
+
+        Written out for MAX_SHARERS = 5 rather than looped: here a load_global in a runtime
+        loop does not build in tilus 0.2.0 (the Blackwell kernel's loop does). The first
+        sharer always exists: a lower worker holds K block 0.
+        """
+        first = self.scheduler.first_sharer()
+        self.add_partial(warpgroup, acc, first)
+        self.add_partial_if_shared(warpgroup, acc, first + 1)
+        self.add_partial_if_shared(warpgroup, acc, first + 2)
+        self.add_partial_if_shared(warpgroup, acc, first + 3)
+
+    def add_partial_if_shared(self, warpgroup: int, acc: RegisterTensor, worker: int32):
+        if worker < self.scheduler.worker:
+            self.add_partial(warpgroup, acc, worker)
+
+    def add_partial(self, warpgroup: int, acc: RegisterTensor, worker: int32):
+        """Wait for a sharer's flag, add its sum to acc, and set the flag back to 0 for the next launch."""
+        slot: int32 = (worker * self.cluster_m + self.rank) * 2 + warpgroup
         flag: ~int32 = self.g_flags[slot].item_ptr()
         self.lock_semaphore(flag, 1)
         partial = self.load_global(self.g_partials, offsets=[slot * self.consumer_m, 0],
                                    shape=[self.consumer_m, self.block_n])
         self.add(acc, partial, out=acc)
-        self.release_semaphore(flag, 0)  # for the next launch: this slot is not read again in this one
+        self.release_semaphore(flag, 0)
 
     def save_partial(self, warpgroup: int, acc: RegisterTensor):
         """The piece's sum to this CTA and warpgroup's slot, then its flag (st.release: after every thread's stores)."""

@@ -14,6 +14,7 @@ so do the versions from v4 on, which import what they need from here:
 import tilus
 from tilus import int32
 from tilus.hidet.ir.expr import if_then_else
+from tilus.utils import cdiv
 
 
 class GroupedTileOrder:
@@ -80,6 +81,9 @@ class PersistentTileScheduler(GroupedTileOrder, tilus.Class):
         return unit_m * self.cluster_m + self.rank, tile_n
 
 
+MAX_SHARERS = 5  # workers that may share a stream-K unit: its owner and up to 4 whose sums it adds
+
+
 class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
     """v6's work of one cluster: whole units data-parallel, then a stream-K share of the rest.
 
@@ -91,23 +95,23 @@ class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
     k_blocks. With fewer units than workers every unit is stream-K: a split-K whose pieces
     are as even as the K blocks allow. Without ``stream_k`` every unit is data-parallel.
 
-    A range crosses units, so a worker's stream-K work is a run of pieces, each (unit,
-    k_begin, k_end) in K blocks:
+    A tile may be shared by at most ``MAX_SHARERS`` workers, so stream-K uses only as many
+    workers as give each a range of at least k_blocks / MAX_SHARERS K blocks (decode: 32
+    tiles of 224 K blocks go to 128 workers of 56, not 132 of 54). A range crosses units,
+    so a worker's stream-K work is a run of pieces, each (unit, k_begin, k_end) in K blocks:
 
     - a whole unit (0, k_blocks): stored as in v5;
-    - a piece that starts after K block 0 first adds the partial sum of the unit's K
-      blocks before it, which the *predecessor* (the worker holding the block just before
-      this worker's range) left in the workspace;
-    - a piece that ends before the unit's last K block leaves its sum (with what it added)
-      in the workspace, in the slot of this CTA and warpgroup, and sets the slot's flag;
-    - the piece that ends at the last K block stores the tile.
+    - a piece that ends before the unit's last K block: its sum goes to the workspace (the
+      slot of this CTA and warpgroup) and the slot's flag is set;
+    - a piece that ends at the last K block but starts later (the *owner*'s): the owner
+      waits for the flags of the lower workers holding the unit's earlier K blocks, adds
+      their sums in the order of the workers, lowest first, and stores the tile.
 
-    The partial sum of a unit thus passes up the workers that hold its K blocks, lowest
-    first, and the last adds its own: the order of the sum is fixed, so the result is the
-    same bits on every run. A worker waits only on a lower one, which the GPU starts no
-    later than itself. A range holds at most two pieces that are not whole units, one at
-    each end; a worker takes its pieces last unit first, so the piece at the end of its
-    range, whose sum a higher worker waits for, is computed before anything else.
+    The order of the sum is fixed, so the result is the same bits on every run. An owner
+    waits only on lower workers, which the GPU starts no later than itself, and a worker
+    that leaves a sum never waits. A range holds at most two pieces that are not whole
+    units, one at each end; a worker takes its pieces last unit first, so the sum a higher
+    worker waits for is computed before anything else and the owner's piece comes last.
 
         for item in scheduler.items():
             tile_m, tile_n, k_begin, k_end = scheduler.work(item)
@@ -130,8 +134,13 @@ class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
                 dp_units = if_then_else(num_units >= self.workers, (num_units // self.workers - 1) * self.workers, 0)
         self.dp_units = dp_units
         self.sk_blocks = (num_units - dp_units) * k_blocks
-        self.sk_begin = self.worker * self.sk_blocks // self.workers
-        self.sk_end = (self.worker + 1) * self.sk_blocks // self.workers
+        # ranges of at least k_blocks / (MAX_SHARERS - 1) K blocks: a unit then meets at most MAX_SHARERS of them
+        most = self.sk_blocks // cdiv(k_blocks, MAX_SHARERS - 1)
+        self.sk_workers = if_then_else(most < self.workers, if_then_else(most > 0, most, 1), self.workers)
+        self.sk_begin = if_then_else(self.worker < self.sk_workers, self.worker * self.sk_blocks // self.sk_workers,
+                                     self.sk_blocks)
+        self.sk_end = if_then_else(self.worker < self.sk_workers, (self.worker + 1) * self.sk_blocks // self.sk_workers,
+                                   self.sk_blocks)
         # data-parallel units w, w + workers, ... below dp_units; then the units the range touches
         self.num_dp = (dp_units - self.worker + self.workers - 1) // self.workers
         self.last_sk_unit = (self.sk_end - 1) // k_blocks
@@ -159,10 +168,12 @@ class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
         unit_m, tile_n = self.grouped_tile(unit, self.num_units_m, self.num_n)
         return unit_m * self.cluster_m + self.rank, tile_n, k_begin, k_end
 
-    def predecessor(self):
-        """The worker holding the K block just before this worker's range: it hands on the partial sum.
+    def first_sharer(self):
+        """The lowest worker holding K blocks of this worker's owner piece: the one holding the unit's first block.
 
-        Worker v's range starts at v * I // workers, so the worker holding K block i is the
-        largest v with v * I < (i + 1) * workers; here i = sk_begin - 1.
+        The owner piece is the unit where this worker's range begins. Worker v's range
+        starts at v * I // sk_workers, so the worker holding K block i is the largest v with
+        v * I < (i + 1) * sk_workers.
         """
-        return (self.sk_begin * self.workers - 1) // self.sk_blocks
+        first_block = self.sk_begin // self.k_blocks * self.k_blocks
+        return ((first_block + 1) * self.sk_workers - 1) // self.sk_blocks

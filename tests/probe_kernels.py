@@ -71,18 +71,21 @@ class TileOrderProbe(GroupedTileOrder, tilus.Script):
 
 
 class StreamKProbe(tilus.Script):
-    """One block per worker: for each K block of each piece it is given, write its worker number into the cell."""
+    """One block per worker: for each K block of each piece it is given, write its worker number into the cell.
+
+    An owner piece (the tile's last K block, not its first) also writes the first sharer it will wait for.
+    """
 
     def __init__(self, group_m: int):
         super().__init__()
         self.group_m = group_m
 
     def __call__(self, num_m: int32, num_n: int32, k_blocks: int32, workers: int32, cover_ptr: ~int32,
-                 predecessor_ptr: ~int32):
+                 first_ptr: ~int32):
         self.attrs.blocks = workers
         self.attrs.warps = 1
         g_cover = self.global_view(cover_ptr, dtype=int32, shape=[num_m, num_n, k_blocks])
-        g_predecessor = self.global_view(predecessor_ptr, dtype=int32, shape=[num_m, num_n, k_blocks])
+        g_first = self.global_view(first_ptr, dtype=int32, shape=[num_m, num_n])
         scheduler = StreamKTileScheduler(num_m, num_n, num_m * num_n, k_blocks, self.group_m, 1, 0, True)
         with self.single_thread():
             worker: int32 = scheduler.worker
@@ -92,6 +95,7 @@ class StreamKProbe(tilus.Script):
                     mark = self.register_tensor(dtype=int32, shape=[1, 1, 1], init=lambda i, j, k: worker)
                     self.store_global(g_cover, mark, offsets=[tile_m, tile_n, k_block])
                 if k_begin > 0:
-                    before: int32 = scheduler.predecessor()
-                    held = self.register_tensor(dtype=int32, shape=[1, 1, 1], init=lambda i, j, k: before)
-                    self.store_global(g_predecessor, held, offsets=[tile_m, tile_n, k_begin])
+                    if k_end == k_blocks:
+                        first: int32 = scheduler.first_sharer()
+                        held = self.register_tensor(dtype=int32, shape=[1, 1], init=lambda i, j: first)
+                        self.store_global(g_first, held, offsets=[tile_m, tile_n])

@@ -105,7 +105,10 @@ class BlackwellMatmulV6(tilus.Script):
     ):
         num_m = cdiv(m_size, self.block_m)
         num_n = cdiv(n_size, self.block_n)
-        self.attrs.blocks = persistent_blocks(num_m * num_n, num_sms, 1)
+        if self.stream_k:
+            self.attrs.blocks = num_sms  # every SM takes a share of the K blocks, however few the tiles
+        else:
+            self.attrs.blocks = persistent_blocks(num_m * num_n, num_sms, 1)
         self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
         # 2. operands: global views, shared tiles, the accumulator; the stream-K workspace (a ready
         # flag and a partial tile per CTA)
@@ -332,7 +335,11 @@ class HopperMatmulV6(tilus.Script):
         # a unit of work: cluster_m tiles stacked in M, one per CTA of a cluster, sharing B
         num_units_m = cdiv(num_m, self.cluster_m)
         num_units = num_units_m * num_n
-        self.attrs.blocks = persistent_blocks(num_units, num_sms, self.cluster_m)
+        if self.stream_k:
+            # every SM takes a share of the K blocks, however few the tiles (whole clusters only)
+            self.attrs.blocks = num_sms // self.cluster_m * self.cluster_m
+        else:
+            self.attrs.blocks = persistent_blocks(num_units, num_sms, self.cluster_m)
         self.attrs.cluster_blocks = self.cluster_m
         self.attrs.warps = 9
         # the stream-K workspace: a ready flag and a partial tile per (CTA, consumer warpgroup)

@@ -273,7 +273,8 @@ class BlackwellMatmulV6(tilus.Script):
     [128, 128, 6, 1, False, False], [128, 128, 6, 2, False, False],
     [128, 128, 6, 1, False, True], [128, 128, 6, 2, False, True],
     [128, 64, 8, 1, False, False], [128, 64, 8, 1, False, True],
-    [128, 16, 12, 1, True, True], [128, 64, 8, 1, True, True],
+    [128, 16, 12, 1, True, False], [128, 16, 12, 1, True, True],
+    [128, 64, 8, 1, True, False], [128, 64, 8, 1, True, True],
 ])
 @tilus.autotune("block_k", [64])
 @tilus.autotune("group_m", [8])

@@ -9,14 +9,16 @@ blocks. The kernels' K loop, MMA and stores are v5's.
    "Stream-K", 2023, and CUTLASS's sm90 stream-K tile scheduler). 4096^3 in 128 x 256
    tiles is 16 x 32 = 512 tiles on 132 SMs: 3 whole waves (396 tiles) and 116 tiles in a
    fourth, during which 16 SMs wait: 512 / (4 x 132) = 97% of the machine busy at best.
-   v6 runs all but the last whole wave data-parallel (264 tiles, as v5) and deals the
-   rest, 132 + 116 = 248 tiles of 64 K blocks = 15872 blocks, out as 132 equal ranges of
-   120 or 121 blocks: every SM ends within one K block of the others. A tile whose K blocks
-   fall in two ranges is finished by the SM holding its last block (its *owner*), which adds
-   the other's fp32 partial sum from a workspace in global memory before it stores the
-   tile. With fewer tiles than SMs (skinny and decode shapes), every tile is stream-K: it
-   is a split-K whose splits are as even as the K blocks allow (128 x 8192 x 8192: 32
-   tiles of 128 x 256, 4096 blocks, 31 or 32 per SM instead of 128 on 32 SMs).
+   Stream-K runs all but the last whole wave data-parallel and deals the rest out as 132
+   equal ranges of K blocks, one per SM, so every SM ends within one K block of the
+   others. v6 offers it with 128 x 128 tiles (not 128 x 256: see the space below): 1024
+   tiles, 6 waves data-parallel, then 232 tiles of 64 K blocks = 14848 blocks, 112 or 113
+   per SM. A tile whose K blocks fall in several ranges is finished by the SM holding its
+   last block (its *owner*), which adds the others' fp32 partial sums from a workspace in
+   global memory before it stores the tile. With fewer tiles than SMs (skinny and decode
+   shapes) every tile is stream-K, a split-K whose splits are as even as the K blocks allow
+   (128 x 8192 x 8192 in 128 x 128 tiles: 64 tiles, 8192 K blocks, 62 or 63 per SM instead
+   of 128 on 64 SMs), and a stream-K schedule launches a block on every SM.
 2. A deterministic fix-up. The partial sums are added in a fixed order, lowest SM's range
    first, not in the order they arrive: fp32 addition is not associative, and a sum whose
    order depends on timing changes in the last bits from run to run. Each partial has its
@@ -24,7 +26,8 @@ blocks. The kernels' K loop, MMA and stores are v5's.
    ``st.release.gpu``; the owner spins with ``lock_semaphore``, ``ld.acquire.gpu``, then
    sets the flag back to 0 for the next launch). An owner waits only on SMs with lower
    numbers, which start no later than it does, and it computes its own piece last, when
-   theirs are long written. The workspace (a flag and a 64 x 256 fp32 slot per consumer
+   theirs are long written; the others never wait. A tile is shared by at most
+   MAX_SHARERS = 5 SMs, so the owner's reads are written out, not looped. The workspace (a flag and a 64 x 256 fp32 slot per consumer
    warpgroup per SM, 17 MB on 132 SMs) is allocated once per GPU by the launch path.
 3. An exact K tail. v5 ran every tile in whole trips round the ring, padding K to a
    multiple of stages x block_k (K = 2056 with 4 stages of 64: 36 K blocks computed for 33
@@ -42,7 +45,10 @@ blocks. The kernels' K loop, MMA and stores are v5's.
    stream-K gives each 1/132 of the K blocks.
 
 The tuner picks stream_k on or off, and swap_ab, per size bucket; both show in the
-schedule string.
+schedule string. What it picked on the H100 is in the results tables and docs/v6.md:
+at the square, LLM-like and few-tile sizes v5's 128 x 256 tile without stream-K (v6 is v5
+there, with the exact K tail), on decode shapes the swapped tiles, mostly without
+stream-K: its fix-up costs about what the idle SMs do.
 
 Constraints as in v1. Run: python matmul_v6.py [--sizes ...] [--check-only] [--compile-only]
 """

@@ -23,7 +23,7 @@ class, back-to-back; decode in TB/s against the copy bandwidth measured in the s
 with the GPU's dense fp16 peak where known, and rewrites every results table in README.md and
 docs/*.md that sits between ``<!-- results <gpu> <versions> -->`` and ``<!-- /results -->``,
 so no measured number is typed by hand. It also redraws the figures that come from
-models (docs/timeline.py, docs/raster.py) and rewrites each version's build evidence table
+models (docs/timeline.py, docs/raster.py, docs/streamk.py) and rewrites each version's build evidence table
 from the builds (docs/evidence.py; no GPU needed, slow only the first time).
 """
 
@@ -498,6 +498,8 @@ def main(argv=None) -> int:
         print("updated the ablation table in docs/v5.md")
     for path in model_figures():
         print(f"wrote {path.relative_to(REPO)} (a model)")
+    for path in _docs_script("streamk").main():
+        print(f"wrote {path.relative_to(REPO)} (docs/streamk.py)")
     print("build evidence: building every schedule without a GPU (cached after the first time)...", flush=True)
     for document in _docs_script("evidence").update_all(progress=lambda line: None):
         print(f"updated the build evidence tables in {document.relative_to(REPO)}")

@@ -48,7 +48,8 @@ The tuner picks stream_k on or off, and swap_ab, per size bucket; both show in t
 schedule string. What it picked on the H100 is in the results tables and docs/v6.md:
 at the square, LLM-like and few-tile sizes v5's 128 x 256 tile without stream-K (v6 is v5
 there, with the exact K tail), on decode shapes the swapped tiles, mostly without
-stream-K: its fix-up costs about what the idle SMs do.
+stream-K: there the same bytes read by more SMs did not arrive sooner, for a reason not
+yet measured (docs/v6.md).
 
 Constraints as in v1. Run: python matmul_v6.py [--sizes ...] [--check-only] [--compile-only]
 """

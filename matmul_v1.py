@@ -41,11 +41,12 @@ import sys
 
 import tilus
 import torch
-from tilus import DataType, RegisterTensor, float16, float32, int32, uint32, void_p
+from tilus import DataType, RegisterTensor, float16, float32, int32, uint8, uint32, void_p
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
 import support
+from tcgen05_fences import after_thread_sync, before_thread_sync
 
 
 # block_m = 128: the tcgen05.mma shape for one CTA; block_n up to 256 (TMEM columns used).
@@ -84,6 +85,12 @@ class BlackwellMatmulV1(tilus.Script):
         self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
         self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_k])
         self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.block_n, self.block_k])
+        # An SM's TMEM is 512 columns and a block takes block_n of them; a block that finds
+        # too few waits in tcgen05.alloc until another frees its columns. v1's tiles are small
+        # enough for more blocks than that to share an SM, so it reserves shared memory it
+        # does not use: with 228 KiB per SM and 1 KiB the driver keeps per block, a block of at
+        # least 228 KiB / (512 / block_n + 1) leaves no room for one block too many.
+        self.shared_tensor(dtype=uint8, shape=[228 * 1024 // (512 // self.block_n + 1)])
         self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
         # 3. barriers
@@ -112,16 +119,19 @@ class BlackwellMatmulV1(tilus.Script):
         self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
         self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
         self.epilogue(offset_m, offset_n)
+        after_thread_sync()  # every warp's reads of TMEM before it is freed
         self.tcgen05.dealloc(self.t_acc)
 
     def epilogue(self, offset_m: int32, offset_n: int32):
         """TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time, by all 4 warps."""
+        after_thread_sync()  # the MMAs (the flush wait, then a block sync) before this thread reads TMEM
         for e_offset_n in range(0, self.block_n, self.e_block_n):
             t_acc_slice = self.tcgen05.slice(
                 self.t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
             )
             r_acc = self.tcgen05.load(t_acc_slice)
             self.tcgen05.wait_load()
+            before_thread_sync()  # these reads of TMEM happen before the next thread sync
             self.store_shared(self.s_c, r_acc.to(self.dtype))
             # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
             self.fence.proxy_async(space="shared")

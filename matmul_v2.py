@@ -51,6 +51,7 @@ from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
 import support
+from tcgen05_fences import after_thread_sync, before_thread_sync
 
 
 # block_m = 128: the tcgen05.mma shape for one CTA; block_n up to 256 (TMEM columns used).
@@ -129,6 +130,7 @@ class BlackwellMatmulV2(tilus.Script):
         self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
         self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
         self.epilogue(offset_m, offset_n)
+        after_thread_sync()  # every warp's reads of TMEM before it is freed
         self.tcgen05.dealloc(self.t_acc)
 
     def load_step(self, stage: int32, offset_m: int32, offset_n: int32, offset_k: int32):
@@ -146,12 +148,14 @@ class BlackwellMatmulV2(tilus.Script):
 
     def epilogue(self, offset_m: int32, offset_n: int32):
         """TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time, by all 4 warps."""
+        after_thread_sync()  # the MMAs (the flush wait, then a block sync) before this thread reads TMEM
         for e_offset_n in range(0, self.block_n, self.e_block_n):
             t_acc_slice = self.tcgen05.slice(
                 self.t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
             )
             r_acc = self.tcgen05.load(t_acc_slice)
             self.tcgen05.wait_load()
+            before_thread_sync()  # these reads of TMEM happen before the next thread sync
             self.store_shared(self.s_c, r_acc.to(self.dtype))
             # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
             self.fence.proxy_async(space="shared")

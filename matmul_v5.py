@@ -63,6 +63,7 @@ from tilus.utils import cdiv
 import support
 from pipeline import Pipeline
 from schedulers import GroupedTileOrder, PersistentTileScheduler, persistent_blocks
+from tcgen05_fences import after_thread_sync, before_thread_sync
 
 
 # v4's Blackwell kernel made persistent, and nothing else. Its epilogue is not overlapped:
@@ -147,6 +148,7 @@ class BlackwellMatmulV5(GroupedTileOrder, tilus.Script):
             # 5. epilogue
             self.epilogue(offset_m, offset_n)
 
+        after_thread_sync()  # every warp's reads of TMEM before it is freed
         self.tcgen05.dealloc(self.t_acc)
 
     def producer(self, offset_m: int32, offset_n: int32, k_trips: int32):
@@ -170,6 +172,7 @@ class BlackwellMatmulV5(GroupedTileOrder, tilus.Script):
 
     def mma(self, k_trips: int32):
         """The MMA warp, the ring's consumer: one tcgen05.mma per K step into TMEM, none waited for."""
+        after_thread_sync()  # the last tile's reads of TMEM (before a block sync) before this tile overwrites it
         self.pipe.consumer_start_trips()
         for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
             self.pipe.consumer_acquire()
@@ -189,12 +192,14 @@ class BlackwellMatmulV5(GroupedTileOrder, tilus.Script):
 
     def epilogue(self, offset_m: int32, offset_n: int32):
         """TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time, by all 4 warps."""
+        after_thread_sync()  # the MMAs (the flush wait, then a block sync) before this thread reads TMEM
         for e_offset_n in range(0, self.block_n, self.e_block_n):
             t_acc_slice = self.tcgen05.slice(
                 self.t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
             )
             r_acc = self.tcgen05.load(t_acc_slice)
             self.tcgen05.wait_load()
+            before_thread_sync()  # these reads of TMEM happen before the next thread sync
             self.store_shared(self.s_c, r_acc.to(self.dtype))
             # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
             self.fence.proxy_async(space="shared")

@@ -65,6 +65,7 @@ from tilus.utils import cdiv
 import support
 from pipeline import Pipeline
 from schedulers import MAX_SHARERS, StreamKTileScheduler, persistent_blocks
+from tcgen05_fences import after_thread_sync, before_thread_sync
 
 
 # v5's Blackwell kernel on v6's scheduler, with the exact K tail: stream-K and nothing else.
@@ -151,6 +152,7 @@ class BlackwellMatmulV6(tilus.Script):
                 self.mbarrier.wait(self.flush_barrier, phase=flush_phase)  # every MMA has finished: TMEM holds the piece
             flush_phase ^= 1
             self.sync()  # all four warps end the piece: the producer loads the next one only after
+            after_thread_sync()  # the MMAs (the flush wait, then this sync) before any warp reads TMEM
 
             # 5. the piece's end: a partial to the workspace, or the tile (with the partials added) to C
             if self.stream_k:
@@ -158,6 +160,7 @@ class BlackwellMatmulV6(tilus.Script):
             else:
                 self.epilogue(tile_m, tile_n)
 
+        after_thread_sync()  # every warp's reads of TMEM before it is freed
         self.tcgen05.dealloc(self.t_acc)
 
     def producer(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
@@ -181,6 +184,7 @@ class BlackwellMatmulV6(tilus.Script):
 
     def mma(self, k_begin: int32, k_end: int32):
         """The MMA warp, the ring's consumer: one tcgen05.mma per K block into TMEM, none waited for."""
+        after_thread_sync()  # the last tile's reads of TMEM (before a block sync) before this tile overwrites it
         for k_block in self.range(k_begin, k_end, 1):
             self.pipe.consumer_acquire()
             # the piece's first block overwrites TMEM, which holds the last piece
@@ -204,6 +208,7 @@ class BlackwellMatmulV6(tilus.Script):
         )
         r_acc = self.tcgen05.load(t_acc_slice)
         self.tcgen05.wait_load()
+        before_thread_sync()  # these reads of TMEM happen before the next thread sync
         return r_acc
 
     def epilogue(self, tile_m: int32, tile_n: int32):

@@ -10,7 +10,7 @@ stores), not persistent (a block per unit of work, as in v4), the cluster size f
 (1 <-> 2, with group_m scaled so that the patch of tiles in flight keeps its height), the
 register split switched on. v4 (tuned) is timed beside
 them. All columns run interleaved, in rounds, on the same inputs as cuBLAS, with the
-timer every stage uses (median, L2 flushed before each run).
+timer every version uses (median, L2 flushed before each run).
 """
 
 import csv

@@ -1,4 +1,4 @@
-"""Per-schedule build evidence for each stage: registers, shared memory, blocks per SM, spills.
+"""Per-schedule build evidence for each version: registers, shared memory, blocks per SM, spills.
 
 Read from the builds themselves (support/build.py: ptxas' report and the launch in the
 generated source.cu), never typed. Blocks per SM is what the resources allow, computed
@@ -43,7 +43,7 @@ def blocks_per_sm(registers: int, threads: int, shared: int, tmem_columns: int =
 
 
 def evidence_table(results: dict) -> str:
-    """Markdown table from {arch name: [BuildResult, ...]} of one stage."""
+    """Markdown table from {arch name: [BuildResult, ...]} of one version."""
     from support import dispatch
 
     lines = [
@@ -81,7 +81,7 @@ def update_pages(tables: dict, pages: list[Path]) -> list[Path]:
 
 
 def update_all(progress=print) -> list[Path]:
-    """Build every schedule of every stage (cached) and rewrite the tables; return the pages that changed."""
+    """Build every schedule of every version (cached) and rewrite the tables; return the pages that changed."""
     sys.path.insert(0, str(REPO))
     from support import build
 

@@ -64,7 +64,7 @@ from tilus.utils import cdiv
 
 import support
 from pipeline import Pipeline
-from schedulers import MAX_SHARERS, StreamKTileScheduler, persistent_blocks
+from schedulers import MAX_SHARERS, StreamKTileScheduler, launch_blocks
 from tcgen05_fences import after_thread_sync, before_thread_sync
 
 
@@ -113,10 +113,7 @@ class BlackwellMatmulV6(tilus.Script):
     ):
         num_m = cdiv(m_size, self.block_m)
         num_n = cdiv(n_size, self.block_n)
-        if self.stream_k:
-            self.attrs.blocks = num_sms  # every SM takes a share of the K blocks, however few the tiles
-        else:
-            self.attrs.blocks = persistent_blocks(num_m * num_n, num_sms, 1)
+        self.attrs.blocks = launch_blocks(num_m * num_n, num_sms, 1, self.stream_k)
         self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
         # 2. operands: global views, shared tiles, the accumulator; the stream-K workspace (a ready
         # flag and a partial tile per CTA)
@@ -335,29 +332,23 @@ class HopperMatmulV6(tilus.Script):
         # 2. operands. With swap_ab the kernel computes C^T = B A^T: its A is the caller's B and
         # its M the caller's N; only the epilogue, which stores the tile transposed, knows
         self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
-        if self.swap_ab:
-            self.g_a = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
-            self.g_b = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
-            num_m = cdiv(n_size, self.block_m)
-            num_n = cdiv(m_size, self.block_n)
-        else:
-            self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
-            self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
-            num_m = cdiv(m_size, self.block_m)
-            num_n = cdiv(n_size, self.block_n)
+        swapped, plain = (b_ptr, a_ptr, n_size, m_size), (a_ptr, b_ptr, m_size, n_size)
+        ptr_a, ptr_b, rows_a, rows_b = swapped if self.swap_ab else plain
+        self.g_a = self.global_view(ptr_a, dtype=self.dtype, shape=[rows_a, k_size])
+        self.g_b = self.global_view(ptr_b, dtype=self.dtype, shape=[rows_b, k_size])
+        num_m = cdiv(rows_a, self.block_m)
+        num_n = cdiv(rows_b, self.block_n)
         # a unit of work: cluster_m tiles stacked in M, one per CTA of a cluster, sharing B
         num_units_m = cdiv(num_m, self.cluster_m)
         num_units = num_units_m * num_n
-        if self.stream_k:
-            # every SM takes a share of the K blocks, however few the tiles (whole clusters only)
-            self.attrs.blocks = num_sms // self.cluster_m * self.cluster_m
-        else:
-            self.attrs.blocks = persistent_blocks(num_units, num_sms, self.cluster_m)
+        self.attrs.blocks = launch_blocks(num_units, num_sms, self.cluster_m, self.stream_k)
         self.attrs.cluster_blocks = self.cluster_m
         self.attrs.warps = 9
         # the stream-K workspace: a ready flag and a partial tile per (CTA, consumer warpgroup)
         self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms * 2])
-        self.g_partials = self.global_view(partials_ptr, dtype=float32, shape=[num_sms * 2 * self.consumer_m, self.block_n])
+        self.g_partials = self.global_view(
+            partials_ptr, dtype=float32, shape=[num_sms * 2 * self.consumer_m, self.block_n]
+        )
         # A's slot holds one half per consumer; both consumers read the whole B slot
         self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.consumer_m, self.block_k])
         # B's slot in cluster_m parts: each CTA of the cluster loads one part into every CTA

@@ -49,6 +49,12 @@ def persistent_blocks(units: int32, num_sms: int32, cluster: int):
     return if_then_else(units < clusters, units, clusters) * cluster
 
 
+def launch_blocks(units: int32, num_sms: int32, cluster: int, stream_k: bool):
+    """Blocks to launch: with stream-K one per SM (whole clusters only), however few the units, so
+    that every SM takes a share of the K blocks; without it ``persistent_blocks``."""
+    return num_sms // cluster * cluster if stream_k else persistent_blocks(units, num_sms, cluster)
+
+
 class PersistentTileScheduler(GroupedTileOrder, tilus.Class):
     """The units of work of one cluster of a persistent kernel, and this CTA's tile of each.
 

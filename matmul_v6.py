@@ -25,10 +25,12 @@ blocks. The kernels' K loop, MMA and stores are v5's.
    own slot and a ready flag (``release_semaphore`` after the slot is written, one
    ``st.release.gpu``; the owner spins with ``lock_semaphore``, ``ld.acquire.gpu``, then
    sets the flag back to 0 for the next launch). An owner waits only on SMs with lower
-   numbers, which start no later than it does, and it computes its own piece last, when
-   theirs are long written; the others never wait. A tile is shared by at most
-   MAX_SHARERS = 5 SMs, so the owner's reads are written out, not looped. The workspace (a flag and a 64 x 256 fp32 slot per consumer
-   warpgroup per SM, 17 MB on 132 SMs) is allocated once per GPU by the launch path.
+   numbers (CUDA promises no start order, but a grid of at most one block per SM is all
+   resident unless another kernel holds SMs), and it computes its own piece last: where
+   ranges are longer than a tile, theirs are long written by then. The others never wait.
+   A tile is shared by at most MAX_SHARERS = 5 SMs, so the owner's reads are written out,
+   not looped. The workspace (a flag and a 64 x 256 fp32 slot per consumer warpgroup per
+   SM, 17 MB on 132 SMs) is allocated once per GPU by the launch path.
 3. An exact K tail. v5 ran every tile in whole trips round the ring, padding K to a
    multiple of stages x block_k (K = 2056 with 4 stages of 64: 36 K blocks computed for 33
    needed, 9% extra). A stream-K piece starts and ends anywhere, so v6's ring cursor runs
@@ -38,8 +40,9 @@ blocks. The kernels' K loop, MMA and stores are v5's.
 4. Decode schedules (M <= 64). wgmma's M is 64 per warpgroup, so at M = 16 a 128-row tile
    computes 112 rows of zeros. Swapping the operands (``swap_ab``: C^T = B A^T) puts the
    weights on wgmma's M and the caller's M on its N, which may be 8 to 256: a 128 x 16 tile
-   of C^T wastes nothing at M = 16. The epilogue stores the tile transposed (stmatrix
-   .trans). Decode is memory-bound: the weights are read once (1 x 14336 x 4096: 117 MB,
+   of C^T wastes nothing at M = 16. The epilogue stores the tile transposed (on Hopper by
+   stmatrix .trans and TMA, on Blackwell from registers straight to C). Decode is
+   memory-bound: the weights are read once (1 x 14336 x 4096: 117 MB,
    39 us at 3 TB/s, against 0.1 us of tensor work), so what matters is that every SM
    streams its share of them: 112 tiles of 128 weight rows on 132 SMs leave 20 SMs idle,
    stream-K gives each 1/132 of the K blocks.
@@ -48,8 +51,8 @@ The tuner picks stream_k on or off, and swap_ab, per size bucket; both show in t
 schedule string. What it picked on the H100 is in the results tables and docs/v6.md:
 at the square, LLM-like and few-tile sizes v5's 128 x 256 tile without stream-K (v6 is v5
 there, with the exact K tail), on decode shapes the swapped tiles, mostly without
-stream-K: there the same bytes read by more SMs did not arrive sooner, for a reason not
-yet measured (docs/v6.md).
+stream-K: there the same bytes read by more SMs did not arrive sooner; Nsight Compute
+puts the limit in how v6's loads use HBM, not in the number of SMs (docs/v6.md).
 
 Constraints as in v1. Run: python matmul_v6.py [--sizes ...] [--check-only] [--compile-only]
 """
@@ -68,13 +71,17 @@ from schedulers import MAX_SHARERS, StreamKTileScheduler, launch_blocks
 from tcgen05_fences import after_thread_sync, before_thread_sync
 
 
-# v5's Blackwell kernel on v6's scheduler, with the exact K tail: stream-K and nothing else.
-# Swapped operands are the Hopper kernel's alone: the transposed store of a tcgen05 tile
-# does not build in tilus 0.2.0 (no stmatrix .trans layout for it), and with no Blackwell
-# GPU to measure on, the decode schedules wait. Four stages throughout: v5's deepest ring.
-@tilus.autotune("block_m, block_n, e_block_n", [[128, 64, 32], [128, 128, 32], [128, 256, 32]])
+# v5's Blackwell kernel on v6's scheduler, with the exact K tail and stream-K, and the two
+# decode tiles of the Hopper kernel (swap_ab; tcgen05's N is a multiple of 16, so the
+# narrow one is 128 x 16). v5's tiles keep its deepest ring, four stages; the decode tiles
+# take twelve and eight, as on Hopper. A swapped tile leaves TMEM for C without TMA: the
+# transposed shared tile a TMA store would need does not build in tilus 0.2.0 (no stmatrix
+# .trans layout for a tcgen05 tile), and at M <= 64 C is small beside the weights (docs/v6.md).
+@tilus.autotune("block_m, block_n, e_block_n, stages, swap_ab", [
+    [128, 64, 32, 4, False], [128, 128, 32, 4, False], [128, 256, 32, 4, False],
+    [128, 16, 16, 12, True], [128, 64, 32, 8, True],
+])
 @tilus.autotune("block_k", [64])
-@tilus.autotune("stages", [4])
 @tilus.autotune("group_m", [8])
 @tilus.autotune("stream_k", [False, True])
 class BlackwellMatmulV6(tilus.Script):
@@ -86,6 +93,7 @@ class BlackwellMatmulV6(tilus.Script):
         e_block_n: int,
         stages: int,
         group_m: int,
+        swap_ab: bool,
         stream_k: bool,
         dtype: DataType = float16,
     ):
@@ -97,7 +105,10 @@ class BlackwellMatmulV6(tilus.Script):
         self.e_block_n = e_block_n
         self.stages = stages
         self.group_m = group_m
+        self.swap_ab = swap_ab
         self.stream_k = stream_k
+        if swap_ab:
+            self.store_slice = self.store_slice_transposed
 
     def __call__(
         self,
@@ -111,20 +122,23 @@ class BlackwellMatmulV6(tilus.Script):
         flags_ptr: void_p,
         partials_ptr: void_p,
     ):
-        num_m = cdiv(m_size, self.block_m)
-        num_n = cdiv(n_size, self.block_n)
+        # 2. operands: global views (with swap_ab C^T = B A^T, as on Hopper), shared tiles, the
+        # accumulator; the stream-K workspace (a ready flag and a partial tile per CTA)
+        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        swapped, plain = (b_ptr, a_ptr, n_size, m_size), (a_ptr, b_ptr, m_size, n_size)
+        ptr_a, ptr_b, rows_a, rows_b = swapped if self.swap_ab else plain
+        self.g_a = self.global_view(ptr_a, dtype=self.dtype, shape=[rows_a, k_size])
+        self.g_b = self.global_view(ptr_b, dtype=self.dtype, shape=[rows_b, k_size])
+        num_m = cdiv(rows_a, self.block_m)
+        num_n = cdiv(rows_b, self.block_n)
         self.attrs.blocks = launch_blocks(num_m * num_n, num_sms, 1, self.stream_k)
         self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
-        # 2. operands: global views, shared tiles, the accumulator; the stream-K workspace (a ready
-        # flag and a partial tile per CTA)
-        self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
-        self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
-        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
         self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms])
         self.g_partials = self.global_view(partials_ptr, dtype=float32, shape=[num_sms * self.block_m, self.block_n])
         self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
         self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
-        self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
+        if not self.swap_ab:  # the transposed tile goes straight from registers to C
+            self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
         self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
         # 3. barriers
@@ -258,6 +272,14 @@ class BlackwellMatmulV6(tilus.Script):
         self.store_shared(self.s_c, r_c)
         self.write_s_c(self.block_m * tile_m, self.block_n * tile_n + e_offset_n)
 
+    def store_slice_transposed(self, r_c: RegisterTensor, tile_m: int32, tile_n: int32, e_offset_n: int32):
+        """swap_ab: the slice is e_block_n rows of C (the caller's M) by block_m columns (TMEM's
+        lanes are C's columns), stored from registers straight to C; the warps of one row of C
+        write adjacent columns."""
+        offsets = [self.block_n * tile_n + e_offset_n, self.block_m * tile_m]
+        self.store_global(self.g_c, self.transpose(r_c), offsets=offsets)  # masked at M and N
+        self.sync()  # every warp has read TMEM before the next piece's MMAs overwrite it
+
     def write_s_c(self, offset_m: int32, offset_n: int32):
         """s_c to C at (offset_m, offset_n) by one TMA store, from one warp; s_c may be rewritten after."""
         # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
@@ -276,7 +298,8 @@ class BlackwellMatmulV6(tilus.Script):
 # stream_k is on or off per schedule, and the tuner picks. Not with 128 x 256: the partial
 # sum loaded beside the 64 x 256 accumulator would take 256 registers a thread, more than
 # the 224 a thread may have at 288 threads (ptxas spills). group_m is 8 alone: v5's tuner
-# chose 8 at every shape of more than one wave, and with fewer units than SMs it is moot.
+# chose 8 at most shapes of more than one wave (16 or 32 at 16384 x 1024 x 4096 and
+# 16384^3), and with fewer units than SMs it is moot.
 @tilus.autotune("block_m, block_n, stages, cluster_m, swap_ab, stream_k", [
     [128, 256, 4, 1, False, False], [128, 256, 4, 2, False, False],
     [128, 128, 6, 1, False, False], [128, 128, 6, 2, False, False],

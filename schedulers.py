@@ -9,6 +9,9 @@ so do the versions from v4 on, which import what they need from here:
   blocks in flight share their A and B tiles in L2.
 - ``persistent_blocks`` and ``PersistentTileScheduler`` (v5): one block per SM, and the walk
   each block (each cluster) takes over the units of work, in grouped order.
+- ``launch_blocks``, ``MAX_SHARERS`` and ``StreamKTileScheduler`` (v6): all but the last
+  whole wave data-parallel, the rest cut along K into equal ranges, one per worker, and
+  the pieces of tiles each worker computes.
 """
 
 import tilus
@@ -96,15 +99,17 @@ class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
     The units (cluster_m tiles stacked in M) are split in two. The first ``dp_units`` are
     whole waves, dealt out as in ``PersistentTileScheduler``: worker w (cluster w) takes
     units w, w + workers, ... The rest, the last partial wave plus one whole wave, is seen as
-    one run of K blocks, ``k_blocks`` per unit, cut into ``workers`` equal ranges: worker w
-    computes K blocks [w * I // workers, (w + 1) * I // workers) of it, I = sk_units x
-    k_blocks. With fewer units than workers every unit is stream-K: a split-K whose pieces
-    are as even as the K blocks allow. Without ``stream_k`` every unit is data-parallel.
+    one run of K blocks, ``k_blocks`` per unit, cut into ``sk_workers`` equal ranges (one
+    per worker, unless the cap below binds): worker w computes K blocks
+    [w * I // sk_workers, (w + 1) * I // sk_workers) of it, I = sk_units x k_blocks. With
+    fewer units than workers every unit is stream-K: a split-K whose pieces are as even as
+    the K blocks allow. Without ``stream_k`` every unit is data-parallel.
 
     A tile may be shared by at most ``MAX_SHARERS`` workers, so stream-K uses only as many
-    workers as give each a range of at least k_blocks / MAX_SHARERS K blocks (decode: 32
-    tiles of 224 K blocks go to 128 workers of 56, not 132 of 54). A range crosses units,
-    so a worker's stream-K work is a run of pieces, each (unit, k_begin, k_end) in K blocks:
+    workers as give each a range of at least k_blocks / (MAX_SHARERS - 1) K blocks (decode:
+    32 tiles of 224 K blocks go to 128 workers of 56, not 132 of 54 or 55). A range crosses
+    units, so a worker's stream-K work is a run of pieces, each (unit, k_begin, k_end) in K
+    blocks:
 
     - a whole unit (0, k_blocks): stored as in v5;
     - a piece that ends before the unit's last K block: its sum goes to the workspace (the
@@ -114,10 +119,11 @@ class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
       their sums in the order of the workers, lowest first, and stores the tile.
 
     The order of the sum is fixed, so the result is the same bits on every run. An owner
-    waits only on lower workers, which the GPU starts no later than itself, and a worker
-    that leaves a sum never waits. A range holds at most two pieces that are not whole
-    units, one at each end; a worker takes its pieces last unit first, so the sum a higher
-    worker waits for is computed before anything else and the owner's piece comes last.
+    waits only on lower workers (CUDA promises no start order, but the grid is at most one
+    CTA per SM, all resident unless another kernel holds SMs), and a worker that leaves a
+    sum never waits. A range holds at most two pieces that are not whole units, one at each
+    end; a worker takes its pieces last unit first, so the sum a higher worker waits for is
+    computed before anything else and the owner's piece comes last.
 
         for item in scheduler.items():
             tile_m, tile_n, k_begin, k_end = scheduler.work(item)

@@ -70,7 +70,7 @@ def device(index: int) -> Device:
 
 
 def bucket(x: int) -> int:
-    """tilus' tuning bucket of a size: rounded up to one of four steps per power of two (``extract_keys``)."""
+    """tilus' tuning bucket of a size: rounded up to a power of two or 1.5 times one (``extract_keys``)."""
     step = 1 << max(x.bit_length() - 2, 0)
     return -(-x // step) * step
 

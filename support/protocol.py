@@ -607,9 +607,12 @@ def check_proxy_fence(kernel: Kernel, schedule: dict) -> list[tuple[str, str]]:
     generic = kernel.calls_of("stmatrix", "st.shared")
     fences = kernel.calls_of("fence.proxy.async")
     syncs = kernel.syncs()
-    # none of either is a kernel that stores C without TMA (v6's Blackwell swap_ab): nothing to fence
-    if len(reads) != len(stores):
-        raise Unrecognised(f"{len(stores)} TMA stores, {len(reads)} CopyAsyncTensorSharedToGlobal IR comments")
+    # none of either is a kernel that stores C without TMA (v6's Blackwell swap_ab), and then its
+    # PTX must have no TMA store either: a store the source scan missed is never a silent pass
+    in_ptx = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::", kernel.ptx))
+    if len(reads) != len(stores) or (not stores and in_ptx):
+        raise Unrecognised(f"{len(stores)} TMA stores, {len(reads)} CopyAsyncTensorSharedToGlobal IR comments, "
+                           f"{in_ptx} in the PTX")
     for (comment, tile), store in zip(reads, stores):
         if not comment < store.start:
             raise Unrecognised(f"TMA store at {kernel.lines(store.start)} before its IR comment")

@@ -248,6 +248,16 @@ def test_planted_proxy_fence_after_the_sync(built, arch):
     assert any("not followed by a thread sync" in m for m in messages), messages
 
 
+def test_planted_tma_store_hidden_from_the_source(built):
+    # a kernel with no TMA store passes (v6's Blackwell swap_ab), but only when its PTX has none:
+    # a store the source scan does not see is reported, not passed
+    r = blackwell_kernel(built)
+    source, _ = texts(r)
+    hidden = cut_call(source, "global.shared::cta").replace("CopyAsyncTensorSharedToGlobal(", "Hidden(")
+    messages = fires("proxy-fence", r, "blackwell", hidden)
+    assert any("unrecognised" in m and "in the PTX" in m for m in messages), messages
+
+
 @pytest.mark.parametrize("field", ["N", "M"])
 def test_planted_descriptor_shape(built, field):
     r = blackwell_kernel(built)

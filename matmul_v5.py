@@ -40,6 +40,14 @@ written by docs/ablation.py).
    schedule, of 384 for the 6-stage 128 x 128 one, of 512 for the 8-stage 128 x 64 one.
    Otherwise the cost is the padding (K = 4104, 4 stages: 65 steps become 68).
 
+6. A 128 x 224 tile beside v4's. At N = 14336, 256-column tiles make 56 columns, so
+   M = 256 is 2 x 56 = 112 tiles for 132 SMs: 20 SMs (15%) idle through the only wave.
+   224 columns make 14336 / 224 = 64 exactly, 128 tiles, 4 SMs idle. 224 is no multiple
+   of 64, so its output tile goes out in 32-column boxes (64 bytes a row, TMA's 64-byte
+   swizzle), and its wgmma needs compat defect 7: tilus 0.2.0 would issue it as seven
+   32-column instructions. The tuner picks it where it wins (docs/v5.md, "A tile for
+   N = 14336").
+
 Measured and not kept: a register split (``register_split=True``: 12 warps, the producer
 warpgroup gives registers to the consumers with setmaxnreg) ran level with the 9-warp
 kernel, within the timer's noise (the ablation's "register split on" column): the
@@ -211,12 +219,13 @@ class BlackwellMatmulV5(GroupedTileOrder, tilus.Script):
             self.sync()
 
 
-# v4's tiles and group sizes; cluster_m: 1 or 2 CTAs stacked in M sharing B. Clusters pay
+# v4's tiles at their deepest rings, its group sizes, and 128 x 224 (no room for a fifth stage: 4 x 44 KiB of ring
+# and a 28 KiB output tile are 204 KiB); cluster_m: 1 or 2 CTAs stacked in M sharing B. Clusters pay
 # where B traffic dominates (8192^3) and may cost where every tile fits in one wave
 # (2048 x 2048 x 8192: 16 x 8 = 128 tiles of 128 x 256, 64 units in clusters of 2), so the
 # tuner picks per shape. The switches after cluster_m are for the ablation
 # (docs/ablation.py), not tuned: their defaults are what measured best (docs/v5.md).
-@tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 128, 6], [128, 64, 8]])
+@tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 224, 4], [128, 128, 6], [128, 64, 8]])
 @tilus.autotune("block_k", [64])
 @tilus.autotune("group_m", [8, 16, 32])
 @tilus.autotune("cluster_m", [1, 2])
@@ -244,6 +253,8 @@ class HopperMatmulV5(tilus.Script):
         self.cluster_m = cluster_m
         self.register_split = register_split
         self.consumer_m = block_m // 2  # rows of the tile each consumer warpgroup owns
+        # the output tile's TMA boxes: 64 columns (128 bytes) where they divide the tile, else 32
+        self.box_n = 64 if block_n % 64 == 0 else 32
         # a CTA's loads of B go to every CTA of its cluster
         self.multicast_mask = (1 << cluster_m) - 1 if cluster_m > 1 else None
         # the ablation turns a technique off by swapping in, here and once, the method that
@@ -315,12 +326,14 @@ class HopperMatmulV5(tilus.Script):
     def output_tile(self):
         """s_c in 64-column boxes, each with TMA's 128-byte swizzle: no bank conflicts, a TMA store per box."""
         # row r's 16-byte chunk c sits at chunk c ^ (r % 8), so the 8 rows an stmatrix writes
-        # hit 8 different bank groups
-        boxes = self.block_n // 64
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[boxes, self.consumer_m, 64])
+        # hit 8 different bank groups; a 32-column box (64-byte rows, two to a bank line)
+        # takes TMA's 64-byte swizzle, chunk c ^ (r // 2 % 4), conflict free as well
+        boxes, box_n = self.block_n // self.box_n, self.box_n
+        swizzle = Swizzle(base=3, bits=3, shift=3) if box_n == 64 else Swizzle(base=3, bits=2, shift=3)
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[boxes, self.consumer_m, box_n])
         self.annotate_layout(s_c, shared_layout(
-            shape=[boxes, self.consumer_m, 64], mode_shape=[boxes, self.consumer_m, 64],
-            mode_strides=[self.consumer_m * 64, 64, 1], optional_swizzle=Swizzle(base=3, bits=3, shift=3),
+            shape=[boxes, self.consumer_m, box_n], mode_shape=[boxes, self.consumer_m, box_n],
+            mode_strides=[self.consumer_m * box_n, box_n, 1], optional_swizzle=swizzle,
         ))
         return s_c
 
@@ -405,15 +418,17 @@ class HopperMatmulV5(tilus.Script):
         """Registers -> the swizzled s_c -> global, one TMA store per 64-column box; then s_c is the other's."""
         offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
         offset_n = self.block_n * tile_n
-        # the four boxes seen as one consumer_m x block_n tile: the store is v4's
+        # the boxes seen as one consumer_m x block_n tile: the store is v4's
         s_c_rows = self.reshape_shared(self.s_c.permute([1, 0, 2]), [self.consumer_m, self.block_n])
         self.store_shared(s_c_rows, acc.to(self.dtype))
         # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
         self.fence.proxy_async(space="shared")
         self.sync()  # this warpgroup only (a named barrier)
         with self.single_warp():
-            for box in range(self.block_n // 64):
-                self.tma.shared_to_global(self.s_c[box], self.g_c, offsets=[offset_m, offset_n + box * 64], dims=[0, 1])
+            for box in range(self.block_n // self.box_n):
+                self.tma.shared_to_global(
+                    self.s_c[box], self.g_c, offsets=[offset_m, offset_n + box * self.box_n], dims=[0, 1]
+                )
             self.tma.commit_group()
             self.tma.wait_group(n=0, read=True)  # the TMA engine has read s_c: the next writer may go
             with self.single_thread():

@@ -49,8 +49,8 @@ blocks. The kernels' K loop, MMA and stores are v5's.
 
 The tuner picks stream_k on or off, and swap_ab, per size bucket; both show in the
 schedule string. What it picked on the H100 is in the results tables and docs/v6.md:
-at the square, LLM-like and few-tile sizes v5's 128 x 256 tile without stream-K (v6 is v5
-there, with the exact K tail), on decode shapes the swapped tiles, mostly without
+at the square, LLM-like and few-tile sizes v5's 128 x 256 or 128 x 224 tile without
+stream-K (v6 is v5 there, with the exact K tail), on decode shapes the swapped tiles, mostly without
 stream-K: there the same bytes read by more SMs did not arrive sooner; Nsight Compute
 puts the limit in how v6's loads use HBM, not in the number of SMs (docs/v6.md).
 
@@ -295,13 +295,15 @@ class BlackwellMatmulV6(tilus.Script):
 # v5's tiles, rings and clusters, and two tiles for decode (swap_ab: the kernel's A is the
 # caller's B, so M <= 64 sits on wgmma's N of 16 or 64 instead of filling half or more of a
 # 128-row tile with zeros; twelve and eight stages, since a decode kernel only streams B).
-# stream_k is on or off per schedule, and the tuner picks. Not with 128 x 256: the partial
-# sum loaded beside the 64 x 256 accumulator would take 256 registers a thread, more than
-# the 224 a thread may have at 288 threads (ptxas spills). group_m is 8 alone: v5's tuner
+# stream_k is on or off per schedule, and the tuner picks. Not with 128 x 256 or 128 x 224:
+# the partial sum loaded beside the 64 x 256 accumulator would take 256 registers a thread,
+# more than the 224 a thread may have at 288 threads (ptxas spills), and 2 x 112 beside
+# 224 leaves none for the rest. group_m is 8 alone: v5's tuner
 # chose 8 at most shapes of more than one wave (16 or 32 at 16384 x 1024 x 4096 and
 # 16384^3), and with fewer units than SMs it is moot.
 @tilus.autotune("block_m, block_n, stages, cluster_m, swap_ab, stream_k", [
     [128, 256, 4, 1, False, False], [128, 256, 4, 2, False, False],
+    [128, 224, 4, 1, False, False], [128, 224, 4, 2, False, False],
     [128, 128, 6, 1, False, False], [128, 128, 6, 2, False, False],
     [128, 128, 6, 1, False, True], [128, 128, 6, 2, False, True],
     [128, 64, 8, 1, False, False], [128, 64, 8, 1, False, True],
@@ -408,18 +410,20 @@ class HopperMatmulV6(tilus.Script):
     def output_tile(self):
         """s_c in 64-column boxes, each with TMA's 128-byte swizzle: no bank conflicts, a TMA store per box."""
         # row r's 16-byte chunk c sits at chunk c ^ (r % 8), so the 8 rows an stmatrix writes
-        # hit 8 different bank groups
-        return self.swizzled_boxes(self.block_n // 64, self.consumer_m)
+        # hit 8 different bank groups; a 32-column box (64-byte rows, two to a bank line)
+        # takes the 64-byte swizzle, chunk c ^ (r // 2 % 4), conflict free as well
+        box_n = 64 if self.block_n % 64 == 0 else 32
+        return self.swizzled_boxes(self.block_n // box_n, self.consumer_m, box_n)
 
     def output_tile_transposed(self):
         """swap_ab: a warpgroup's tile is block_n rows of C (the caller's M) by its 64 columns: one box."""
-        return self.swizzled_boxes(1, self.block_n)
+        return self.swizzled_boxes(1, self.block_n, 64)
 
-    def swizzled_boxes(self, boxes: int, rows: int):
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[boxes, rows, 64])
+    def swizzled_boxes(self, boxes: int, rows: int, box_n: int):
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[boxes, rows, box_n])
         self.annotate_layout(s_c, shared_layout(
-            shape=[boxes, rows, 64], mode_shape=[boxes, rows, 64],
-            mode_strides=[rows * 64, 64, 1], optional_swizzle=Swizzle(base=3, bits=3, shift=3),
+            shape=[boxes, rows, box_n], mode_shape=[boxes, rows, box_n], mode_strides=[rows * box_n, box_n, 1],
+            optional_swizzle=Swizzle(base=3, bits=3 if box_n == 64 else 2, shift=3),
         ))
         return s_c
 
@@ -559,13 +563,15 @@ class HopperMatmulV6(tilus.Script):
         self.store_output(warpgroup, self.block_n * tile_n, self.block_m * tile_m + warpgroup * self.consumer_m)
 
     def store_output(self, warpgroup: int, offset_m: int32, offset_n: int32):
-        """s_c's 64-column boxes to C from (offset_m, offset_n) on, by TMA; once read, s_c is the other warpgroup's."""
+        """s_c's boxes to C from (offset_m, offset_n) on, by TMA; once read, s_c is the other warpgroup's."""
         # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
         self.fence.proxy_async(space="shared")
         self.sync()  # this warpgroup only (a named barrier)
         with self.single_warp():
             for box in range(self.s_c.shape[0]):
-                self.tma.shared_to_global(self.s_c[box], self.g_c, offsets=[offset_m, offset_n + box * 64], dims=[0, 1])
+                self.tma.shared_to_global(
+                    self.s_c[box], self.g_c, offsets=[offset_m, offset_n + box * self.s_c.shape[2]], dims=[0, 1]
+                )
             self.tma.commit_group()
             self.tma.wait_group(n=0, read=True)  # the TMA engine has read s_c: the next writer may go
             with self.single_thread():

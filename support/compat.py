@@ -25,6 +25,7 @@ All of them, in one place, so an upgrade knows what to check:
 
 import contextlib
 import functools
+import inspect
 
 import tilus
 import tilus.backends.codegen as _codegen
@@ -34,6 +35,7 @@ import tilus.hidet.transforms.check_launch_configuration as _launch_checks
 import tilus.hidet.transforms.hoist_loop_invariants as _hoist_pass
 import tilus.hidet.transforms.lower_fast_div as _fast_div_pass
 from tilus.backends.contexts.mbarrier_alloc_ctx import BarrierAllocContext
+from tilus.ir.instructions.cuda.wgmma import WgmmaMmaSSInst
 from tilus.hidet.ir.builders.stmt_builder import StmtScope
 from tilus.hidet.ir.dtypes import uint32, uint64
 from tilus.hidet.ir.primitives.func import call_primitive_func, register_primitive_function
@@ -206,6 +208,26 @@ def _smem_limit_once(black_box_stmt):
     return statement
 
 
+def _wgmma_whole_n(get_inst_mnk):
+    """Defect 7: a wgmma tile N that is not a power of two is issued as many narrow instructions.
+
+    tilus picks the instruction's N as gcd(N, 256), so a 224-column tile (the one that
+    covers N = 14336 in 64 tiles) becomes seven m64n32k16 per K step instead of one
+    m64n224k16. Each of the seven reads the whole A slice again from shared memory: per
+    16-deep step 7 x 2 KiB of A and 7 KiB of B for 64 x 224 x 16 multiply-adds, more bytes
+    than shared memory delivers in the tensor cores' time for them. wgmma takes any N that
+    is a multiple of 8 up to 256 (PTX ISA, wgmma.mma_async shapes), and tilus registers
+    every one of them; this issues the tile's own N wherever it is one.
+    """
+
+    @functools.wraps(get_inst_mnk)
+    def whole_n(m, n, k, a_dtype, b_dtype, d_dtype):
+        inst_m, inst_n, inst_k = get_inst_mnk(m, n, k, a_dtype, b_dtype, d_dtype)
+        return inst_m, (n if n % 8 == 0 and n <= 256 else inst_n), inst_k
+
+    return staticmethod(whole_n)
+
+
 # name -> (owner, attribute, replacement factory)
 _WORKAROUNDS = {
     "hopper_tma_cta_group": (_tma_emitter, "cp_async_tensor_global_to_shared", _without_cta_group_before_blackwell),
@@ -219,9 +241,13 @@ _WORKAROUNDS = {
     "kernel_min_blocks": (_codegen, "FunctionBuilder", _kernels_with_min_blocks),
     "smem_limit_once": (_smem_primitives, "BlackBoxStmt", _smem_limit_once),
     "smem_limit_once_at_launch": (_launch_checks, "BlackBoxStmt", _smem_limit_once),
+    "wgmma_whole_n": (WgmmaMmaSSInst, "get_inst_mnk", _wgmma_whole_n),
 }
-_originals = {name: getattr(owner, attr) for name, (owner, attr, _) in _WORKAROUNDS.items()}
-_replacements = {name: make(_originals[name]) for name, (_, _, make) in _WORKAROUNDS.items()}
+# attributes as stored (getattr_static: a static method stays one when it is put back)
+_originals = {name: inspect.getattr_static(owner, attr) for name, (owner, attr, _) in _WORKAROUNDS.items()}
+_replacements = {
+    name: make(getattr(owner, attr)) for name, (owner, attr, make) in _WORKAROUNDS.items()
+}
 
 
 def needed() -> bool:
@@ -238,7 +264,7 @@ def apply() -> None:
 
 def installed(name: str) -> bool:
     owner, attr, _ = _WORKAROUNDS[name]
-    return getattr(owner, attr) is _replacements[name]
+    return inspect.getattr_static(owner, attr) is _replacements[name]
 
 
 @contextlib.contextmanager
@@ -248,7 +274,7 @@ def disabled(*names: str):
     For the tests that show a defect is still there.
     """
     names = names or tuple(_WORKAROUNDS)
-    current = {name: getattr(*_WORKAROUNDS[name][:2]) for name in names}
+    current = {name: inspect.getattr_static(*_WORKAROUNDS[name][:2]) for name in names}
     for name in names:
         owner, attr, _ = _WORKAROUNDS[name]
         setattr(owner, attr, _originals[name])

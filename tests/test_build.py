@@ -39,6 +39,16 @@ def test_tensor_core_instructions_no_local_memory_no_ptxas_warnings(built, versi
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+def test_each_wgmma_is_as_wide_as_the_tile(built, version, arch):
+    # compat defect 7: without its workaround a 224-column tile issues seven 32-wide wgmmas
+    if arch != "hopper":
+        pytest.skip("wgmma is Hopper's")
+    for r in built(version, arch):
+        widths = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k", (r.module_dir / "source.ptx").read_text()))
+        assert widths == {str(r.schedule["block_n"])}, f"{dispatch.format_schedule(r.schedule)}: wgmma N {widths}"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 def test_bf16_builds_with_bf16_tensor_core_instructions(version, arch):
     # one kernel source per architecture, built for bf16 by its dtype argument. The newest
     # version's every tile, ring and cluster at its first group_m (group_m only sets the tile

@@ -171,8 +171,11 @@ def test_diagram_facts_match_the_kernels():
     assert "Pipeline(self.stages, consumer_arrivals=2 * self.cluster_m)" in v5
     assert "s_c_free = self.mbarrier.alloc(counts=[1, 1])" in v5
     assert "c_phase: uint32 = 1 - warpgroup" in v5  # warpgroup 0 takes the output tile first
-    assert "optional_swizzle=Swizzle(base={base}, bits={bits}, shift={shift})".format(**diagrams.SWIZZLE) in v5
-    assert f"self.shared_tensor(dtype=self.dtype, shape=[boxes, self.consumer_m, {diagrams.BOX_COLUMNS}])" in v5
+    # the diagram's box: 64 columns with the 128-byte swizzle (v5's 224-column tile alone takes 32)
+    assert "swizzle = Swizzle(base={base}, bits={bits}, shift={shift}) if box_n == {box} else".format(
+        **diagrams.SWIZZLE, box=diagrams.BOX_COLUMNS) in v5
+    assert f"self.box_n = {diagrams.BOX_COLUMNS} if block_n % {diagrams.BOX_COLUMNS} == 0 else 32" in v5
+    assert "self.shared_tensor(dtype=self.dtype, shape=[boxes, self.consumer_m, box_n])" in v5
 
 
 def test_the_swizzle_diagram_is_the_stated_rule():

@@ -43,6 +43,9 @@ docs/index.md), v3 and v4 side by side; each A/B named below was timed in one pr
    - 128 x 128 with 6 stages, v3's deep ring, for skinny and decode shapes where 128 x 256
      tiles make less than a wave and 128 x 64 ones load A four times as often (without
      it v4 trailed v3 on 256 x 14336 x 4096 and on decode shapes).
+   - v3's 128 x 256 with 3 stages and 128 x 128 with 4, kept beside the deeper rings:
+     without them v4 trailed v3 where v3's tuner had picked them (3000 x 5000 x 2056,
+     and decode shapes with N = 14336).
    - group_m 8, 16 or 32: the best patch depends on the shape.
    128 x 128 with two blocks per SM and 256 x 128 were measured and lost on every shape
    to one of these.
@@ -212,11 +215,14 @@ class BlackwellMatmulV4(GroupedTileOrder, tilus.Script):
 # 128 x 64 with 8 stages (8 x 24 + 8 = 200 KiB): four times the blocks for skinny shapes,
 # each with up to 192 KiB of loads in flight. 128 x 128 with 6 stages (6 x 32 + 16 =
 # 208 KiB): v3's deep-ring schedule, which serves skinny and decode shapes where 128 x 256
-# tiles make less than a wave and 128 x 64 ones load A four times. block_k = 64 as on
-# Blackwell.
+# tiles make less than a wave and 128 x 64 ones load A four times. Two more of v3's
+# schedules, which its tuner picked where v4 without them measured slower: 128 x 256 with
+# 3 stages (one-wave and few-tile shapes: 2048 x 2048 x 8192, 3000 x 5000 x 2056) and
+# 128 x 128 with 4 (decode with N = 14336). block_k = 64 as on Blackwell.
 # group_m: the height of the patch of tiles in flight; the best one depends on the shape
 # (see the docstring).
-@tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 128, 6], [128, 64, 8]])
+@tilus.autotune("block_m, block_n, stages",
+                [[128, 256, 4], [128, 256, 3], [128, 128, 6], [128, 128, 4], [128, 64, 8]])
 @tilus.autotune("block_k", [64])
 @tilus.autotune("group_m", [8, 16, 32])
 class HopperMatmulV4(GroupedTileOrder, tilus.Script):

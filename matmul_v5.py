@@ -219,13 +219,14 @@ class BlackwellMatmulV5(GroupedTileOrder, tilus.Script):
             self.sync()
 
 
-# v4's tiles at their deepest rings, its group sizes, and 128 x 224 (no room for a fifth stage: 4 x 44 KiB of ring
-# and a 28 KiB output tile are 204 KiB); cluster_m: 1 or 2 CTAs stacked in M sharing B. Clusters pay
+# v4's tiles at their deepest rings and its 128 x 128 x 4 (decode with N = 14336), its group
+# sizes, and 128 x 224 (no room for a fifth stage: 4 x 44 KiB of ring and a 28 KiB output
+# tile are 204 KiB); cluster_m: 1 or 2 CTAs stacked in M sharing B. Clusters pay
 # where B traffic dominates (8192^3) and may cost where every tile fits in one wave
 # (2048 x 2048 x 8192: 16 x 8 = 128 tiles of 128 x 256, 64 units in clusters of 2), so the
 # tuner picks per shape. The switches after cluster_m are for the ablation
 # (docs/ablation.py), not tuned: their defaults are what measured best (docs/v5.md).
-@tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 224, 4], [128, 128, 6], [128, 64, 8]])
+@tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 224, 4], [128, 128, 6], [128, 128, 4], [128, 64, 8]])
 @tilus.autotune("block_k", [64])
 @tilus.autotune("group_m", [8, 16, 32])
 @tilus.autotune("cluster_m", [1, 2])

@@ -416,7 +416,7 @@ class HopperMatmulV5(tilus.Script):
         return acc
 
     def epilogue(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
-        """Registers -> the swizzled s_c -> global, one TMA store per 64-column box; then s_c is the other's."""
+        """Registers -> the swizzled s_c -> global, one TMA store per box; then s_c is the other's."""
         offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
         offset_n = self.block_n * tile_n
         # the boxes seen as one consumer_m x block_n tile: the store is v4's

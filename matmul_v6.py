@@ -420,10 +420,11 @@ class HopperMatmulV6(tilus.Script):
         return self.swizzled_boxes(1, self.block_n, 64)
 
     def swizzled_boxes(self, boxes: int, rows: int, box_n: int):
+        swizzle = Swizzle(base=3, bits=3, shift=3) if box_n == 64 else Swizzle(base=3, bits=2, shift=3)
         s_c = self.shared_tensor(dtype=self.dtype, shape=[boxes, rows, box_n])
         self.annotate_layout(s_c, shared_layout(
             shape=[boxes, rows, box_n], mode_shape=[boxes, rows, box_n], mode_strides=[rows * box_n, box_n, 1],
-            optional_swizzle=Swizzle(base=3, bits=3 if box_n == 64 else 2, shift=3),
+            optional_swizzle=swizzle,
         ))
         return s_c
 
@@ -549,7 +550,7 @@ class HopperMatmulV6(tilus.Script):
         self.release_semaphore(flag, 1)
 
     def epilogue(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
-        """Registers -> the swizzled s_c -> global, one TMA store per 64-column box; then s_c is the other's."""
+        """Registers -> the swizzled s_c -> global, one TMA store per box; then s_c is the other's."""
         offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
         offset_n = self.block_n * tile_n
         # the boxes seen as one consumer_m x block_n tile

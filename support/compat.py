@@ -245,9 +245,7 @@ _WORKAROUNDS = {
 }
 # attributes as stored (getattr_static: a static method stays one when it is put back)
 _originals = {name: inspect.getattr_static(owner, attr) for name, (owner, attr, _) in _WORKAROUNDS.items()}
-_replacements = {
-    name: make(getattr(owner, attr)) for name, (owner, attr, make) in _WORKAROUNDS.items()
-}
+_replacements = {name: make(_originals[name]) for name, (_, _, make) in _WORKAROUNDS.items()}
 
 
 def needed() -> bool:

@@ -47,15 +47,24 @@ def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
             and y0 < x0 + x.numel() * x.element_size())
 
 
-def check_inputs(a, b, out=None) -> tuple[int, int, int]:
-    """Validate ``matmul(a, b, out)`` input; return (M, N, K). Raises TypeError/ValueError naming the rule."""
-    if (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype in DTYPES and b.dtype is a.dtype
-            and a.dim() == 2 and b.dim() == 2):
-        (m, k), (n, kb) = a.shape, b.shape
-        if (k == kb and m and n and k and not (k % 8 or n % 8) and max(m * k, n * k, m * n) < 2**31 and a.is_cuda
-                and a.get_device() == b.get_device() and a.is_contiguous() and b.is_contiguous()
-                and not (a.data_ptr() % 16 or b.data_ptr() % 16) and (out is None or _fits_out(out, a, b, m, n))):
-            return m, n, k
+def check_inputs(a, b, out=None) -> tuple[int, int, int, int]:
+    """Validate ``matmul(a, b, out)`` input; return (M, N, K, GPU index). Raises TypeError/ValueError naming the rule.
+
+    Each question below is a call into torch that costs the host a fraction of a
+    microsecond, so each is asked once: the shapes are read once and unpacked, the dtypes
+    compared by identity (torch's dtypes are singletons) and the device index is returned,
+    for the launcher's lookup, rather than asked again.
+    """
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        a_shape, b_shape = a.shape, b.shape
+        if len(a_shape) == 2 and len(b_shape) == 2:
+            (m, k), (n, kb) = a_shape, b_shape
+            dtype, index = a.dtype, a.get_device()
+            if (k == kb and m and n and k and not (k % 8 or n % 8) and max(m * k, n * k, m * n) < 2**31
+                    and (dtype is torch.float16 or dtype is torch.bfloat16) and b.dtype is dtype and a.is_cuda
+                    and b.get_device() == index and a.is_contiguous() and b.is_contiguous()
+                    and not (a.data_ptr() % 16 or b.data_ptr() % 16) and (out is None or _fits_out(out, a, b, m, n))):
+                return m, n, k, index
     return check_each_rule(a, b, out)
 
 
@@ -65,8 +74,8 @@ def _fits_out(out, a: torch.Tensor, b: torch.Tensor, m: int, n: int) -> bool:
             and not _overlaps(out, a) and not _overlaps(out, b))
 
 
-def check_each_rule(a, b, out=None) -> tuple[int, int, int]:
-    """The rules one by one, each raising a TypeError/ValueError that names it; (M, N, K) if all hold."""
+def check_each_rule(a, b, out=None) -> tuple[int, int, int, int]:
+    """The rules one by one, each raising a TypeError/ValueError that names it; (M, N, K, GPU index) if all hold."""
     _check_tensor("a", a)
     _check_tensor("b", b)
     if a.dtype != b.dtype:
@@ -95,4 +104,4 @@ def check_each_rule(a, b, out=None) -> tuple[int, int, int]:
         raise ValueError(f"a, b and out must be on one GPU, got {a.device}, {b.device}, {getattr(out, 'device', '-')}")
     if out is not None and (_overlaps(out, a) or _overlaps(out, b)):
         raise ValueError("out must not share memory with a or b")
-    return m, n, k
+    return m, n, k, a.get_device()

@@ -80,8 +80,7 @@ def launch(kernels: dict, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | 
 
     ``kernels`` is a version's KERNELS, a module constant: its id keys the launchers.
     """
-    m, n, k = check_inputs(a, b, out)
-    index = a.get_device()
+    m, n, k, index = check_inputs(a, b, out)
     launcher = _by_size.get((id(kernels), a.dtype, index, m, n, k))
     if launcher is None:
         return first_call_at_size(kernels, index, m, n, k, a, b, out)

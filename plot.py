@@ -46,7 +46,7 @@ from support.bench import Contender  # noqa: E402
 REPO = cache.REPO
 FIGURES = REPO / "docs" / "figures"
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-BLOCK = re.compile(r"(<!-- (results|launch|dtypes) (\S+) (\S+)(?: (fp16|bf16))? -->\n)(.*?)(<!-- /\2 -->)", re.S)
+BLOCK = re.compile(r"(<!-- (results|launch|dtypes|trails) (\S+) (\S+)(?: (fp16|bf16))? -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
 # one or two shapes of each class a version is judged on (M x N x K; C = A @ B.T)
@@ -256,6 +256,46 @@ def launch_table(rows: list[dict], version: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _tile(config: str) -> str:
+    """A schedule's tile and ring depth, and v6's decomposition where it is not v5's (swapped operands, stream-K)."""
+    fields = dict(item.split("=") for item in config.split())
+    return (f"{fields.get('block_m')} x {fields.get('block_n')}" + (f", {fields['stages']} stages" if "stages" in fields else "")
+            + (", A and B swapped" if fields.get("swap_ab") == "True" else "")
+            + (", stream-K" if fields.get("stream_k") == "True" else ""))
+
+
+def trails_table(rows: list[dict], version: str, dtype: str = "fp16") -> str:
+    """Every class shape and regime where a version ran slower than the version before it, from the results rows.
+
+    Both are given as % of cuBLAS timed in the same run, with their TFLOPS per GHz of SM
+    clock compared (back to back the clock moves from window to window, so a gap there may
+    be the clock's, not the kernel's) and the tile and ring depth each version's tuner
+    picked, so a reader sees whether the two ran the same schedule. Differences that round
+    to 0.0 are not listed.
+    """
+    previous = f"v{int(version.removeprefix('v')) - 1}"
+    by_key = {(r["version"], r["regime"], _size(r)): r for r in rows if r["dtype"] == dtype and r["ms"]}
+    lines = [f"| class | size | regime | {previous}: % of cuBLAS | {version}: % of cuBLAS | difference | "
+             f"per clock, {version} against {previous} | {previous}: tile, ring | {version}: tile, ring |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for size in _class_sizes(rows):
+        for regime in REGIMES:
+            before, after = by_key.get((previous, regime, size)), by_key.get((version, regime, size))
+            if before is None or after is None:
+                continue
+            old, new = float(before["pct_of_cublas"]), float(after["pct_of_cublas"])
+            if round(new - old, 1) < 0:
+                per_clock = (f"{100 * (float(after['tflops_per_ghz']) / float(before['tflops_per_ghz']) - 1):+.1f}%"
+                             if before["tflops_per_ghz"] and after["tflops_per_ghz"] else "-")
+                tiles = (_tile(before["config"]), _tile(after["config"]))
+                lines.append(f"| {shape_class(*_dims(size))} | {size} | {regime} | {old:.1f} | {new:.1f} | "
+                             f"{new - old:.1f} | {per_clock} | {tiles[0]} | "
+                             f"{'the same' if tiles[0] == tiles[1] else tiles[1]} |")
+    if len(lines) == 2:
+        return f"{version} is at least as fast as {previous} at every class shape, in both regimes, in these results.\n"
+    return "\n".join(lines) + "\n"
+
+
 def dtype_table(rows: list[dict], version: str) -> str:
     """A version's % of cuBLAS in fp16 and in bf16 (cuBLAS in the same dtype), shape by shape, both regimes."""
     by_key = {(r["dtype"], r["regime"], _size(r)): r for r in rows if r["version"] == version and r["ms"]}
@@ -283,7 +323,8 @@ def update_documents(csv_dir: Path = cli.RESULTS_DIR, documents: list[Path] = DO
             kind, slug, versions, dtype = match.group(2), match.group(3), match.group(4).split(","), match.group(5)
             rows = read_rows(csv_dir / f"{slug}.csv")
             table = {"results": lambda: results_table(rows, versions, dtype or "fp16"),
-                     "launch": lambda: launch_table(rows, versions[0]), "dtypes": lambda: dtype_table(rows, versions[0])}[kind]()
+                     "launch": lambda: launch_table(rows, versions[0]), "dtypes": lambda: dtype_table(rows, versions[0]),
+                     "trails": lambda: trails_table(rows, versions[0], dtype or "fp16")}[kind]()
             return match.group(1) + table + match.group(7)
 
         updated = BLOCK.sub(render, text)

@@ -131,3 +131,23 @@ def test_bf16_tables_and_the_dtype_comparison(tmp_path):
     assert "| 59.0 |" in doc.read_text() and "| -1.0 |" in doc.read_text()
     paths = plot.plot(rows, "h100", out_dir=tmp_path)
     assert [p.name for p in paths][-2:] == ["classes_bf16_h100.svg", "classes_bf16_h100.png"]
+
+
+
+def test_where_a_version_trails_the_one_before_is_listed_from_the_rows(tmp_path):
+    v1 = [row | {"config": "block_m=128 block_n=128 block_k=64"} if row["version"] == "v1" else row for row in ROWS]
+    v2 = [row | {"version": "v2", "config": "block_m=128 block_n=256 block_k=64 stages=4",
+                 "pct_of_cublas": f"{float(row['pct_of_cublas']) + (1 if row['regime'] == 'burst' else -2):.1f}"}
+          for row in v1 if row["version"] == "v1"]
+    write_fixture(tmp_path / "h100.csv", v1 + v2)
+    doc = tmp_path / "page.md"
+    doc.write_text("<!-- trails h100 v2 -->\nstale\n<!-- /trails -->\n")
+    plot.update_documents(csv_dir=tmp_path, documents=[doc])
+    text = doc.read_text()
+    # v2 is behind back to back only, at both class shapes there; v1's tile is shown beside v2's
+    assert ("| square | 4096x4096x4096 | back-to-back | 61.3 | 59.3 | -2.0 | +0.0% | 128 x 128 | 128 x 256, 4 stages |"
+            in text)  # the fixture's v2 has v1's TFLOPS per GHz
+    assert "| decode | 1x4096x4096 | back-to-back | 50.0 | 48.0 | -2.0 |" in text
+    assert "burst" not in text and "stale" not in text
+    ahead = [row | {"pct_of_cublas": "99.0"} for row in v2]
+    assert plot.trails_table(v1 + ahead, "v2").startswith("v2 is at least as fast as v1 at every class shape")

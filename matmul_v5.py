@@ -52,8 +52,8 @@ Measured and not kept: a register split (``register_split=True``: 12 warps, the 
 warpgroup gives registers to the consumers with setmaxnreg) ran level with the 9-warp
 kernel, within the timer's noise (the ablation's "register split on" column): the
 64 x 256 fp32 accumulator (128 registers a thread) already fits in the 224 a thread may
-have at 288 threads. It pays when the consumers need more, e.g. a 128 x 256 accumulator
-per warpgroup.
+have at 288 threads. It pays only when the consumers need more than 224 registers a
+thread and no more than the 232 it gives them.
 
 Constraints as in v1. Run: python matmul_v5.py [--sizes ...] [--check-only] [--compile-only]
 """

@@ -1,8 +1,8 @@
 """Benchmark every version against cuBLAS (and a Triton peer) in both regimes, or re-plot measured results.
 
     python plot.py                            on a Hopper/Blackwell GPU: time v1..vN and cuBLAS on
-                                              one or two shapes of each class, the decode class
-                                              and square sizes from 512 to 16384, burst and
+                                              two or three shapes of each class, the nine decode
+                                              shapes and square sizes from 512 to 16384, burst and
                                               back-to-back, all contenders in one process
     python plot.py --peer                     also time the Triton GEMM torch reaches (below)
     python plot.py --csv-only                 benchmark and write results/<gpu>.csv, draw nothing
@@ -49,7 +49,7 @@ DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- (results|launch|dtypes|trails) (\S+) (\S+)(?: (fp16|bf16))? -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
-# one or two shapes of each class a version is judged on (M x N x K; C = A @ B.T)
+# two or three shapes of each class a version is judged on (M x N x K; C = A @ B.T)
 CLASS_SIZES = [
     "4096", "8192",  # square
     "4096x14336x4096", "4096x4096x14336",  # LLM-like: an MLP's up and down projection, 4096 tokens
@@ -494,8 +494,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from", dest="source", type=Path, help="plot this results CSV instead of benchmarking")
     parser.add_argument("--sizes", nargs="+", default=BENCHMARK_SIZES,
-                        help="sizes to benchmark (N or MxNxK); default: one or two of each shape class and "
-                             "square sizes from 512 to 16384")
+                        help="sizes to benchmark (N or MxNxK); default: two or three of each shape class, the "
+                             "decode shapes and square sizes from 512 to 16384")
     parser.add_argument("--peer", action="store_true", help="also time the Triton GEMM torch.compile reaches")
     parser.add_argument("--dtype", choices=["fp16", "bf16", "both"], default="both",
                         help="fp16: every version at every size; bf16: the last two versions at the class sizes "

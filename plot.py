@@ -259,7 +259,8 @@ def launch_table(rows: list[dict], version: str) -> str:
 def _tile(config: str) -> str:
     """A schedule's tile and ring depth, and v6's decomposition where it is not v5's (swapped operands, stream-K)."""
     fields = dict(item.split("=") for item in config.split())
-    return (f"{fields.get('block_m')} x {fields.get('block_n')}" + (f", {fields['stages']} stages" if "stages" in fields else "")
+    return (f"{fields.get('block_m')} x {fields.get('block_n')}"
+            + (f", {fields['stages']} stages" if "stages" in fields else "")
             + (", A and B swapped" if fields.get("swap_ab") == "True" else "")
             + (", stream-K" if fields.get("stream_k") == "True" else ""))
 

@@ -51,9 +51,9 @@ def check_inputs(a, b, out=None) -> tuple[int, int, int, int]:
     """Validate ``matmul(a, b, out)`` input; return (M, N, K, GPU index). Raises TypeError/ValueError naming the rule.
 
     Each question below is a call into torch that costs the host a fraction of a
-    microsecond, so each is asked once: the shapes are read once and unpacked, the dtypes
-    compared by identity (torch's dtypes are singletons) and the device index is returned,
-    for the launcher's lookup, rather than asked again.
+    microsecond, so each is asked once: the shapes and the dtype are read once, and the
+    device index is returned, for the launcher's lookup and out's check, rather than asked
+    again.
     """
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         a_shape, b_shape = a.shape, b.shape
@@ -61,16 +61,16 @@ def check_inputs(a, b, out=None) -> tuple[int, int, int, int]:
             (m, k), (n, kb) = a_shape, b_shape
             dtype, index = a.dtype, a.get_device()
             if (k == kb and m and n and k and not (k % 8 or n % 8) and max(m * k, n * k, m * n) < 2**31
-                    and (dtype is torch.float16 or dtype is torch.bfloat16) and b.dtype is dtype and a.is_cuda
-                    and b.get_device() == index and a.is_contiguous() and b.is_contiguous()
-                    and not (a.data_ptr() % 16 or b.data_ptr() % 16) and (out is None or _fits_out(out, a, b, m, n))):
+                    and dtype in DTYPES and b.dtype is dtype and a.is_cuda and b.get_device() == index
+                    and a.is_contiguous() and b.is_contiguous() and not (a.data_ptr() % 16 or b.data_ptr() % 16)
+                    and (out is None or _fits_out(out, a, b, m, n, index))):
                 return m, n, k, index
     return check_each_rule(a, b, out)
 
 
-def _fits_out(out, a: torch.Tensor, b: torch.Tensor, m: int, n: int) -> bool:
+def _fits_out(out, a: torch.Tensor, b: torch.Tensor, m: int, n: int, index: int) -> bool:
     return (isinstance(out, torch.Tensor) and out.dtype is a.dtype and out.shape == (m, n)
-            and out.get_device() == a.get_device() and out.is_contiguous() and not out.data_ptr() % 16
+            and out.get_device() == index and out.is_contiguous() and not out.data_ptr() % 16
             and not _overlaps(out, a) and not _overlaps(out, b))
 
 

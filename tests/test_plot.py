@@ -133,7 +133,6 @@ def test_bf16_tables_and_the_dtype_comparison(tmp_path):
     assert [p.name for p in paths][-2:] == ["classes_bf16_h100.svg", "classes_bf16_h100.png"]
 
 
-
 def test_where_a_version_trails_the_one_before_is_listed_from_the_rows(tmp_path):
     v1 = [row | {"config": "block_m=128 block_n=128 block_k=64"} if row["version"] == "v1" else row for row in ROWS]
     v2 = [row | {"version": "v2", "config": "block_m=128 block_n=256 block_k=64 stages=4",

@@ -91,12 +91,27 @@ def launch(kernels: dict, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | 
 
 
 def run(launcher: tuple, index: int, m: int, n: int, k: int, a, b, out) -> None:
-    func, extra = launcher
+    """Call a compiled launch function: with data pointers on torch's default stream, else with the tensors.
+
+    tilus' launch function takes a tensor argument as a tensor or as its address. A
+    tensor goes through tvm-ffi's DLPack conversion, which also sets the launch stream
+    to torch's current one; an address skips both, and the kernel goes to tvm-ffi's
+    stream, the default stream, which is torch's unless the caller chose another.
+    """
+    func, extra, extra_ptrs = launcher
     if _one_gpu or index == torch.cuda.current_device():
-        func(m, n, k, a, b, out, *extra)
-    else:  # tilus launches on the current stream of the current device
+        if not current_raw_stream(index):
+            func(m, n, k, a.data_ptr(), b.data_ptr(), out.data_ptr(), *extra_ptrs)
+        else:
+            func(m, n, k, a, b, out, *extra)
+    else:  # tilus launches on the current device
         with torch.cuda.device(index):
             func(m, n, k, a, b, out, *extra)
+
+
+def current_raw_stream(index: int) -> int:
+    """The handle of torch's current stream on GPU ``index``: 0 for the default stream."""
+    return torch._C._cuda_getCurrentRawStream(index)
 
 
 def first_call_at_size(kernels: dict, index: int, m: int, n: int, k: int, a, b, out) -> torch.Tensor:
@@ -125,7 +140,13 @@ def first_launch(script_cls, gpu: Device, m: int, n: int, k: int, a, b, out) -> 
         args = kernel_args(script_cls, m, n, k, a, b, out, gpu.num_sms)
         tune_once(script, args)
         script(*args)
-        return script.dispatch_table[keys(script, args)], args[6:]
+        extra = args[6:]
+        return script.dispatch_table[keys(script, args)], extra, tuple(pointer(x) for x in extra)
+
+
+def pointer(x):
+    """A kernel argument as the launch function may take it without tvm-ffi's tensor conversion."""
+    return x.data_ptr() if isinstance(x, torch.Tensor) else x
 
 
 @functools.cache  # a class's signature never changes

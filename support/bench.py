@@ -33,6 +33,7 @@ WINDOW_S = 0.25  # one back-to-back window; contenders alternate window by windo
 ROUNDS = 5  # windows per contender per size (median)
 WARM_UP_S = 1.0  # sustained load before a size's windows, so the clocks have settled
 HOST_CALLS = 100  # calls queued per host-cost sample: few enough that the launch queue never fills
+HOST_WARM_CALLS = 3  # untimed calls before each host-cost sample (see host_us)
 
 
 @dataclasses.dataclass
@@ -142,6 +143,10 @@ def host_us(contenders: list[Contender], sets, gpu_ms: dict, rounds: int = 9) ->
     Each sample queues up to HOST_CALLS calls (fewer where the GPU would need more than
     0.1 s to run them, ``gpu_ms`` per call) behind a GPU spin, so the host measures only its
     own work, never a wait for the GPU; contenders alternate, median over ``rounds`` samples.
+    The first call after the sync that ends the previous sample is slow (timed with the
+    rest, it doubled torch.matmul's per-call cost at 16384³, where only ten calls are
+    timed), and a program's loop has no such sync, so HOST_WARM_CALLS calls are queued
+    untimed first.
     """
     samples = {c.name: [] for c in contenders}
     for _ in range(rounds):
@@ -149,6 +154,8 @@ def host_us(contenders: list[Contender], sets, gpu_ms: dict, rounds: int = 9) ->
             calls = max(10, min(HOST_CALLS, int(100 / gpu_ms[c.name])))
             torch.cuda.synchronize()
             torch.cuda._sleep(40_000_000)  # 20-30 ms of GPU spin: longer than the calls take to queue
+            for i in range(HOST_WARM_CALLS):
+                c.call(*sets[-1 - i % len(sets)], None)
             start = time.perf_counter()
             for i in range(calls):
                 a, b = sets[i % len(sets)]

@@ -2,9 +2,9 @@
 
 tilus 0.2.0 has no compile-only entry point, and its build refuses to run without a GPU
 and links against libcuda.so, which a CPU machine lacks. ``build_schedules`` selects the
-target, swaps tilus' compile step for tilus' own nvcc command stopped at an object file
-(keeping the PTX), and reads registers, spills, shared memory, ptxas warnings and the
-count of tensor-core instructions from the output.
+target, swaps tilus' compile step for tilus' own nvcc command with the host code left
+out (the kernel compiled to a cubin, keeping the PTX), and reads registers, spills,
+shared memory, ptxas warnings and the count of tensor-core instructions from the output.
 """
 
 import dataclasses
@@ -22,6 +22,8 @@ from tilus.utils.multiprocess import parallel_imap
 from support.cache import use_cache
 from support.dispatch import format_schedule, kernel_args
 from support.gpu import ARCHS, Arch
+
+CUBIN = "kernel.cubin"  # what a GPU-less build leaves in a program's module directory
 
 
 @dataclasses.dataclass
@@ -53,26 +55,33 @@ class BuildResult:
 
 
 class _CompileOnlyNVCC(NVCC):
-    """tilus' own nvcc command (host stub and kernel), stopping at an object file and keeping the PTX."""
+    """tilus' own nvcc command for the kernel alone, to a cubin, keeping the PTX.
+
+    ``-cubin`` in place of ``--compile`` leaves out the host code (the launch function,
+    the same for every schedule but its constants; the GPU machine compiles it on the first
+    call): every flag that reaches cicc and ptxas is tilus' own, and a build takes less
+    than half the time, which is most of CI's.
+    """
 
     LOG = "_compileonlynvcc_output.txt"
 
     def run_compile_command(self, command, src_path, out_lib_path, keep_files):
-        super().run_compile_command(command + " --keep", src_path, out_lib_path, [*keep_files, "source.ptx"])
+        command = command.replace(" --compile ", " -cubin ") + " --keep"
+        super().run_compile_command(command, src_path, out_lib_path, [*keep_files, "source.ptx"])
 
 
-def _compile_object(source_file, output_library_file, target, **_):
+def _compile_cubin(source_file, output_library_file, target, **_):
     # The GPU-less stand-in for tilus' compile_source: that one refuses to run without a
-    # GPU and links against libcuda.so, which a CPU machine lacks. An object file is enough
-    # to prove that nvcc and ptxas accept the kernel.
-    _CompileOnlyNVCC().compile(source_file, str(Path(output_library_file).with_name("kernel.o")), target)
+    # GPU and links against libcuda.so, which a CPU machine lacks. A cubin is enough to
+    # prove that nvcc and ptxas accept the kernel.
+    _CompileOnlyNVCC().compile(source_file, str(Path(output_library_file).with_name(CUBIN)), target)
 
 
 @contextmanager
 def _building_for(target: tilus.target.Target):
     previous_target, previous_compile = tilus.target._target, tilus.drivers.compile_source
     tilus.target.set_current_target(target)
-    tilus.drivers.compile_source = _compile_object
+    tilus.drivers.compile_source = _compile_cubin
     try:
         yield
     finally:
@@ -82,7 +91,7 @@ def _building_for(target: tilus.target.Target):
 def _build_program(job) -> tuple[str, str]:
     program, options = job
     module_dir = tilus.drivers.get_cache_dir(program, options) / "module"
-    if (module_dir / "kernel.o").exists():
+    if (module_dir / CUBIN).exists():
         return str(module_dir), ""
     try:
         tilus.drivers.build_program(program, options)

@@ -101,7 +101,7 @@ def program_text_problem(program_dir: Path) -> str | None:
 
 
 def elf_problem(path: Path) -> str | None:
-    """Why this built library or object file cannot be whole, if it cannot: not ELF, or cut short."""
+    """Why this built library or cubin cannot be whole, if it cannot: not ELF, or cut short."""
     size = path.stat().st_size
     with path.open("rb") as f:
         header = f.read(64)
@@ -133,7 +133,7 @@ def discard_corrupt_entries(directory: Path) -> list[tuple[Path, str]]:
 
     - a program whose program.txt or options.txt does not hash to its directory's name:
       its texts and built module go, tilus writes and builds them again;
-    - a built library (lib.so) or object file (kernel.o, GPU-less builds) that is not
+    - a built library (lib.so) or cubin (kernel.cubin, GPU-less builds) that is not
       whole: it goes, tilus builds it again;
     - a dispatch table (the tuned picks) that does not unpickle: it goes, each size is
       tuned again.
@@ -155,7 +155,7 @@ def discard_corrupt_entries(directory: Path) -> list[tuple[Path, str]]:
                         built.unlink()
                 discarded.append((program_dir, reason))
                 continue
-            for name in ("lib.so", "kernel.o"):
+            for name in ("lib.so", "kernel.cubin"):
                 built = program_dir / "module" / name
                 reason = built.is_file() and elf_problem(built)
                 if reason:

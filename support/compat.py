@@ -20,7 +20,7 @@ All of them, in one place, so an upgrade knows what to check:
 - ``Script._autotune_space``: the size of the autotune space (dispatch.space_size).
 - ``tilus.target._target`` and ``tilus.drivers.compile_source``: swapped while building
   for another GPU without one (build._building_for).
-- ``tilus.hidet.backend.build.NVCC``: its compile command, stopped at an object file (build).
+- ``tilus.hidet.backend.build.NVCC``: its compile command, for the kernel alone, to a cubin (build).
 """
 
 import contextlib

@@ -621,25 +621,25 @@ def test_two_processes_build_one_version_at_once_into_one_cache(cpu_cache):
     programs = program_dirs(cpu_cache, "matmul_v1")
     assert len(programs) == 2, programs
     for program in programs:
-        assert hashes_to_its_name(program) and cache.elf_problem(program / "module" / "kernel.o") is None
+        assert hashes_to_its_name(program) and cache.elf_problem(program / "module" / "kernel.cubin") is None
 
 
 def test_corrupt_cache_entries_are_rebuilt(cpu_cache):
     env = child_env(MATMUL_TUTORIAL_CACHE=cpu_cache)
     run_check("build_first_schedules_of_v1", 2, env=env, timeout=600)  # loaded from the cache after the test above
     text_cut, object_cut = program_dirs(cpu_cache, "matmul_v1")
-    # a program text cut short by a process killed long ago, and an object file cut short
+    # a program text cut short by a process killed long ago, and a cubin cut short
     text = text_cut / "program.txt"
     text.write_text(text.read_text()[:100])
     age(text)
     age(text_cut / "options.txt")
-    obj = object_cut / "module" / "kernel.o"
+    obj = object_cut / "module" / "kernel.cubin"
     os.truncate(obj, obj.stat().st_size // 2)
     proc = run_check("build_first_schedules_of_v1", 2, env=env, timeout=600)
     assert f"cache: discarded {text_cut} (program.txt or options.txt does not hash" in proc.stderr, proc.stderr[-3000:]
     assert f"cache: discarded {obj} (truncated" in proc.stderr, proc.stderr[-3000:]
     assert hashes_to_its_name(text_cut)
-    assert cache.elf_problem(text_cut / "module" / "kernel.o") is None and cache.elf_problem(obj) is None
+    assert cache.elf_problem(text_cut / "module" / "kernel.cubin") is None and cache.elf_problem(obj) is None
 
 
 def test_discard_corrupt_entries_removes_exactly_what_tilus_would_fail_on(tmp_path):
@@ -659,12 +659,12 @@ def test_discard_corrupt_entries_removes_exactly_what_tilus_would_fail_on(tmp_pa
             age(directory / "options.txt")
         return directory
 
-    whole = program(None, module={"lib.so": elf, "kernel.o": elf})
+    whole = program(None, module={"lib.so": elf, "kernel.cubin": elf})
     mismatched = program("0123456789ab", module={"lib.so": elf})
     being_written = program("ba9876543210", old=False)  # too young to judge: another process may be writing it
     busy = program("00000000000a")  # another process holds its lock
     truncated = program(None, "truncated", module={"lib.so": elf[: len(elf) // 2]})
-    not_elf = program(None, "not elf", module={"kernel.o": b"garbage"})
+    not_elf = program(None, "not elf", module={"kernel.cubin": b"garbage"})
     tables = tmp_path / "scripts" / "kernel"
     contents = {"good": pickle.dumps({(1, 2): 0}), "garbage": b"\x80\x04garbage", "list": pickle.dumps([0])}
     for key, content in contents.items():
@@ -675,12 +675,12 @@ def test_discard_corrupt_entries_removes_exactly_what_tilus_would_fail_on(tmp_pa
     assert set(discarded) == {
         mismatched,
         truncated / "module" / "lib.so",
-        not_elf / "module" / "kernel.o",
+        not_elf / "module" / "kernel.cubin",
         tables / "garbage" / "dispatch_table.pickle",
         tables / "list" / "dispatch_table.pickle",
     }, discarded
     assert not (mismatched / "program.txt").exists() and not (mismatched / "module" / "lib.so").exists()
-    assert (whole / "module" / "lib.so").exists() and (whole / "module" / "kernel.o").exists()
+    assert (whole / "module" / "lib.so").exists() and (whole / "module" / "kernel.cubin").exists()
     assert (being_written / "program.txt").exists() and (busy / "program.txt").exists()
     assert (tables / "good" / "dispatch_table.pickle").exists()
     assert not (truncated / "module" / "lib.so").exists() and (truncated / "program.txt").exists()

@@ -201,6 +201,19 @@ def _single_version_table(rows: list[dict], version: str, dtype: str) -> list[st
     return lines
 
 
+def peer_from_another_run(rows: list[dict]) -> bool:
+    """Whether the peer's rows were timed in another run than the cuBLAS rows beside them.
+
+    A row's % of cuBLAS is against the cuBLAS of its own run, so the cuBLAS time it implies
+    (ms x % / 100) is the cuBLAS row's own only when both came from one run.
+    """
+    cublas = {(r["regime"], _size(r)): float(r["ms"]) for r in rows if r["version"] == "cublas"}
+    return any(
+        abs(float(r["ms"]) * float(r["pct_of_cublas"]) / 100 / cublas[r["regime"], _size(r)] - 1) > 1e-3
+        for r in rows if r["version"] == PEER and (r["regime"], _size(r)) in cublas
+    )
+
+
 def _number(text: str, digits: int) -> str:
     return f"{float(text):.{digits}f}" if text else "-"
 
@@ -215,7 +228,10 @@ def results_table(rows: list[dict], versions: list[str], dtype: str = "fp16") ->
                  *_comparison_table(rows, versions, "burst", dtype), *_host_line(rows, versions, dtype)]
         lines.append("Each cell: TFLOPS, or for decode shapes the bytes of A, B and C over the time, with the % of "
                      "cuBLAS timed in the same run; the cuBLAS column gives its mean SM clock over its timed windows "
-                     "and, for decode, its share of a device-to-device copy measured in the same run.")
+                     "and, for decode, its share of a device-to-device copy measured in the same run."
+                     + (f" The {STYLE[PEER]['label']} column is from an earlier run than the others (`python plot.py "
+                        "--peer` times it beside them): its % is against the cuBLAS of its own run."
+                        if PEER in versions and peer_from_another_run(rows) else ""))
     gpus = sorted({r["gpu"] for r in rows})
     dates = sorted({r["date"] for r in rows})
     copy = _copy_tb_per_s(rows)

@@ -106,6 +106,17 @@ def test_comparison_tables_per_regime_with_peer_decode_and_host_cost(tmp_path):
     assert "512x512x512" not in table  # the square sweep is plotted, not tabled
 
 
+def test_a_peer_from_an_earlier_run_is_said_to_be(tmp_path):
+    # each row's % is against its own run's cuBLAS: a peer timed beside these cuBLAS rows implies their times
+    source = tmp_path / "h100.csv"
+    write_fixture(source)
+    earlier = "is from an earlier run than the others"
+    assert earlier not in plot.results_table(plot.read_rows(source), ["v1", "triton"])
+    write_fixture(source, [r | {"pct_of_cublas": "90.0"} if r["version"] == "triton" and r["m"] == 4096 else r
+                           for r in ROWS])
+    assert "The Triton (torch.compile) column " + earlier in plot.results_table(plot.read_rows(source), ["v1", "triton"])
+
+
 def test_shape_classes():
     assert [plot.shape_class(*size) for size in [(1, 4096, 4096), (64, 14336, 4096), (128, 8192, 8192),
                                                  (4096, 4096, 4096), (4096, 14336, 4096), (16384, 1024, 4096)]] == [

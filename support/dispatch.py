@@ -3,8 +3,9 @@
 The launch path. The first call for a (GPU, kernel, size bucket) builds (cached on disk),
 tunes and keeps the chosen schedule's compiled launch function (``_by_bucket``); every
 later call checks the inputs, finds that function by its exact size in one dict lookup
-(``_by_size``) and calls it: no filesystem work, no device-property queries, no tilus key
-extraction and no object construction. What it needs of the GPU (which kernel, the SM
+(``_by_size``) and calls it (with the tensors' addresses on torch's default stream, see
+``run``): no filesystem work, no device-property queries, no tilus key extraction and no
+object construction. What it needs of the GPU (which kernel, the SM
 count) is asked once per device (``_devices``).
 
 tilus 0.2.0 autotunes on the first call for each bucket of (M, N, K), timing every

@@ -19,11 +19,9 @@ import tilus.target
 from tilus.hidet.backend.build import NVCC
 from tilus.utils.multiprocess import parallel_imap
 
-from support.cache import use_cache
+from support.cache import CUBIN, use_cache
 from support.dispatch import format_schedule, kernel_args
 from support.gpu import ARCHS, Arch
-
-CUBIN = "kernel.cubin"  # what a GPU-less build leaves in a program's module directory
 
 
 @dataclasses.dataclass

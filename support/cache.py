@@ -35,6 +35,8 @@ CACHE_ROOT = Path(os.environ.get("MATMUL_TUTORIAL_CACHE", REPO / ".cache" / "til
 # files younger than this may still be being written by another process, and are left alone
 SETTLING_S = 10.0
 
+CUBIN = "kernel.cubin"  # what a GPU-less build (support.build) leaves in a program's module directory
+
 _checked: set[Path] = set()  # cache directories this process has checked
 
 
@@ -155,7 +157,7 @@ def discard_corrupt_entries(directory: Path) -> list[tuple[Path, str]]:
                         built.unlink()
                 discarded.append((program_dir, reason))
                 continue
-            for name in ("lib.so", "kernel.cubin"):
+            for name in ("lib.so", CUBIN):
                 built = program_dir / "module" / name
                 reason = built.is_file() and elf_problem(built)
                 if reason:

@@ -36,6 +36,7 @@ def test_bad_size_is_a_usage_error(text, capsys):
     status, _, err = run_in_process("matmul_v1", capsys, "--sizes", text, "--check-only")
     assert status == 2
     assert "expected N (for N x N x N) or MxNxK" in err
+    assert "Traceback" not in err
 
 
 def test_unknown_dtype_is_a_usage_error():

@@ -627,19 +627,19 @@ def test_two_processes_build_one_version_at_once_into_one_cache(cpu_cache):
 def test_corrupt_cache_entries_are_rebuilt(cpu_cache):
     env = child_env(MATMUL_TUTORIAL_CACHE=cpu_cache)
     run_check("build_first_schedules_of_v1", 2, env=env, timeout=600)  # loaded from the cache after the test above
-    text_cut, object_cut = program_dirs(cpu_cache, "matmul_v1")
+    text_cut, cubin_cut = program_dirs(cpu_cache, "matmul_v1")
     # a program text cut short by a process killed long ago, and a cubin cut short
     text = text_cut / "program.txt"
     text.write_text(text.read_text()[:100])
     age(text)
     age(text_cut / "options.txt")
-    obj = object_cut / "module" / "kernel.cubin"
-    os.truncate(obj, obj.stat().st_size // 2)
+    cubin = cubin_cut / "module" / "kernel.cubin"
+    os.truncate(cubin, cubin.stat().st_size // 2)
     proc = run_check("build_first_schedules_of_v1", 2, env=env, timeout=600)
     assert f"cache: discarded {text_cut} (program.txt or options.txt does not hash" in proc.stderr, proc.stderr[-3000:]
-    assert f"cache: discarded {obj} (truncated" in proc.stderr, proc.stderr[-3000:]
+    assert f"cache: discarded {cubin} (truncated" in proc.stderr, proc.stderr[-3000:]
     assert hashes_to_its_name(text_cut)
-    assert cache.elf_problem(text_cut / "module" / "kernel.cubin") is None and cache.elf_problem(obj) is None
+    assert cache.elf_problem(text_cut / "module" / "kernel.cubin") is None and cache.elf_problem(cubin) is None
 
 
 def test_discard_corrupt_entries_removes_exactly_what_tilus_would_fail_on(tmp_path):

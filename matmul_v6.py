@@ -17,8 +17,9 @@ blocks. The kernels' K loop, MMA and stores are v5's.
    last block (its *owner*), which adds the others' fp32 partial sums from a workspace in
    global memory before it stores the tile. With fewer tiles than SMs (skinny and decode
    shapes) every tile is stream-K, a split-K whose splits are as even as the K blocks allow
-   (128 x 8192 x 8192 in 128 x 128 tiles: 64 tiles, 8192 K blocks, 62 or 63 per SM instead
-   of 128 on 64 SMs), and a stream-K schedule launches a block on every SM.
+   (128 x 8192 x 8192 in 128 x 128 tiles: 64 tiles, 8192 K blocks, 64 on each of 128 SMs
+   instead of 128 on 64; no range is shorter than half a tile, so at most three SMs share
+   one, 2 below), and a stream-K schedule launches a block on every SM.
 2. A deterministic fix-up. The partial sums are added in a fixed order, lowest SM's range
    first, not in the order they arrive: fp32 addition is not associative, and a sum whose
    order depends on timing changes in the last bits from run to run. Each partial has its
@@ -28,7 +29,7 @@ blocks. The kernels' K loop, MMA and stores are v5's.
    numbers (CUDA promises no start order, but a grid of at most one block per SM is all
    resident unless another kernel holds SMs), and it computes its own piece last: where
    ranges are longer than a tile, theirs are long written by then. The others never wait.
-   A tile is shared by at most MAX_SHARERS = 5 SMs, so the owner's reads are written out,
+   A tile is shared by at most MAX_SHARERS = 3 SMs, so the owner's reads are written out,
    not looped. The workspace (a flag and a 64 x 256 fp32 slot per consumer warpgroup per
    SM, 17 MB on 132 SMs) is allocated once per GPU by the launch path.
 3. An exact K tail. v5 ran every tile in whole trips round the ring, padding K to a
@@ -46,13 +47,20 @@ blocks. The kernels' K loop, MMA and stores are v5's.
    39 us at 3 TB/s, against 0.1 us of tensor work), so what matters is that every SM
    streams its share of them: 112 tiles of 128 weight rows on 132 SMs leave 20 SMs idle,
    stream-K gives each 1/132 of the K blocks.
+5. Wider K blocks for decode. A 64-column K block brings 128 B from each of 128 weight
+   rows, and at K = 14336 those rows are 28 KiB apart. On the H100 the same weights
+   streamed faster read 256 B a row at a time (docs/v6.md), so the decode tiles take 128
+   columns a K block: two TMA boxes of 64 per operand in each slot, since a box is at most
+   128 B wide under the 128-byte swizzle that wgmma and tcgen05 read without bank
+   conflicts. A slot is then 32 KiB of weights, and six or four slots fill shared memory:
+   128 x 16 x 128 takes 6 x (32 + 4) = 216 KiB, 128 x 64 x 128 takes 4 x (32 + 16) = 192.
 
 The tuner picks stream_k on or off, and swap_ab, per size bucket; both show in the
 schedule string. What it picked on the H100 is in the results tables and docs/v6.md:
 at the square, LLM-like and few-tile sizes v5's 128 x 256 or 128 x 224 tile without
 stream-K (v6 is v5 there, with the exact K tail), on decode shapes the swapped tiles, mostly without
-stream-K: there the same bytes read by more SMs did not arrive sooner; Nsight Compute
-puts the limit in how v6's loads use HBM, not in the number of SMs (docs/v6.md).
+stream-K: there the same bytes read by more SMs did not arrive sooner; what moved decode
+was how the loads use HBM, the wider K block of 5 (docs/v6.md).
 
 Constraints as in v1. Run: python matmul_v6.py [--sizes ...] [--check-only] [--compile-only]
 """
@@ -74,14 +82,14 @@ from tcgen05_fences import after_thread_sync, before_thread_sync
 # v5's Blackwell kernel on v6's scheduler, with the exact K tail and stream-K, and the two
 # decode tiles of the Hopper kernel (swap_ab; tcgen05's N is a multiple of 16, so the
 # narrow one is 128 x 16). v5's tiles keep its deepest ring, four stages; the decode tiles
-# take twelve and eight, as on Hopper. A swapped tile leaves TMEM for C without TMA: the
-# transposed shared tile a TMA store would need does not build in tilus 0.2.0 (no stmatrix
-# .trans layout for a tcgen05 tile), and at M <= 64 C is small beside the weights (docs/v6.md).
-@tilus.autotune("block_m, block_n, e_block_n, stages, swap_ab", [
-    [128, 64, 32, 4, False], [128, 128, 32, 4, False], [128, 256, 32, 4, False],
-    [128, 16, 16, 12, True], [128, 64, 32, 8, True],
+# take 128-column K blocks in six and four stages, as on Hopper. A swapped tile leaves TMEM
+# for C without TMA: the transposed shared tile a TMA store would need does not build in
+# tilus 0.2.0 (no stmatrix .trans layout for a tcgen05 tile), and at M <= 64 C is small
+# beside the weights (docs/v6.md).
+@tilus.autotune("block_m, block_n, block_k, e_block_n, stages, swap_ab", [
+    [128, 64, 64, 32, 4, False], [128, 128, 64, 32, 4, False], [128, 256, 64, 32, 4, False],
+    [128, 16, 128, 16, 6, True], [128, 64, 128, 32, 4, True],
 ])
-@tilus.autotune("block_k", [64])
 @tilus.autotune("group_m", [8])
 @tilus.autotune("stream_k", [False, True])
 class BlackwellMatmulV6(tilus.Script):
@@ -107,6 +115,7 @@ class BlackwellMatmulV6(tilus.Script):
         self.group_m = group_m
         self.swap_ab = swap_ab
         self.stream_k = stream_k
+        self.k_boxes = block_k // 64  # TMA boxes per operand per slot, as on Hopper
         if swap_ab:
             self.store_slice = self.store_slice_transposed
 
@@ -135,8 +144,8 @@ class BlackwellMatmulV6(tilus.Script):
         self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
         self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms])
         self.g_partials = self.global_view(partials_ptr, dtype=float32, shape=[num_sms * self.block_m, self.block_n])
-        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
-        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_m, 64])
+        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_n, 64])
         if not self.swap_ab:  # the transposed tile goes straight from registers to C
             self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
         self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
@@ -179,18 +188,19 @@ class BlackwellMatmulV6(tilus.Script):
         for k_block in self.range(k_begin, k_end, 1):
             offset_k = k_block * self.block_k
             self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
-            self.tma.global_to_shared(
-                src=self.g_a,
-                dst=self.s_a[self.pipe.producer_stage],
-                offsets=[self.block_m * tile_m, offset_k],
-                mbarrier=self.pipe.producer_barrier(),
-            )
-            self.tma.global_to_shared(
-                src=self.g_b,
-                dst=self.s_b[self.pipe.producer_stage],
-                offsets=[self.block_n * tile_n, offset_k],
-                mbarrier=self.pipe.producer_barrier(),
-            )
+            for box in range(self.k_boxes):
+                self.tma.global_to_shared(
+                    src=self.g_a,
+                    dst=self.s_a[self.pipe.producer_stage, box],
+                    offsets=[self.block_m * tile_m, offset_k + box * 64],
+                    mbarrier=self.pipe.producer_barrier(),
+                )
+                self.tma.global_to_shared(
+                    src=self.g_b,
+                    dst=self.s_b[self.pipe.producer_stage, box],
+                    offsets=[self.block_n * tile_n, offset_k + box * 64],
+                    mbarrier=self.pipe.producer_barrier(),
+                )
             self.pipe.producer_advance()
 
     def mma(self, k_begin: int32, k_end: int32):
@@ -200,11 +210,19 @@ class BlackwellMatmulV6(tilus.Script):
             self.pipe.consumer_acquire()
             # the piece's first block overwrites TMEM, which holds the last piece
             self.tcgen05.mma(
-                self.s_a[self.pipe.consumer_stage],
-                self.s_b[self.pipe.consumer_stage].transpose(),
+                self.s_a[self.pipe.consumer_stage, 0],
+                self.s_b[self.pipe.consumer_stage, 0].transpose(),
                 self.t_acc,
                 enable_input_d=k_block != k_begin,
             )
+            if self.k_boxes > 1:  # tilus 0.2.0 fails on a loop that runs no times
+                for box in range(1, self.k_boxes, 1):
+                    self.tcgen05.mma(
+                        self.s_a[self.pipe.consumer_stage, box],
+                        self.s_b[self.pipe.consumer_stage, box].transpose(),
+                        self.t_acc,
+                        enable_input_d=True,
+                    )
             # no wait: the hardware arrives on the slot's empty barrier once this MMA has finished
             self.pipe.consumer_release_async()
             self.pipe.consumer_advance()
@@ -294,23 +312,23 @@ class BlackwellMatmulV6(tilus.Script):
 
 # v5's tiles, rings and clusters, and two tiles for decode (swap_ab: the kernel's A is the
 # caller's B, so M <= 64 sits on wgmma's N of 16 or 64 instead of filling half or more of a
-# 128-row tile with zeros; twelve and eight stages, since a decode kernel only streams B).
+# 128-row tile with zeros; K blocks of 128 columns, two TMA boxes each, and as many stages as
+# shared memory holds: see 5 above).
 # stream_k is on or off per schedule, and the tuner picks. Not with 128 x 256 or 128 x 224:
 # the partial sum loaded beside the 64 x 256 accumulator would take 256 registers a thread,
 # more than the 224 a thread may have at 288 threads (ptxas spills), and 2 x 112 beside
 # 224 leaves none for the rest. group_m is 8 alone: v5's tuner
 # chose 8 at most shapes of more than one wave (16 or 32 at 16384 x 1024 x 4096 and
 # 16384^3), and with fewer units than SMs it is moot.
-@tilus.autotune("block_m, block_n, stages, cluster_m, swap_ab, stream_k", [
-    [128, 256, 4, 1, False, False], [128, 256, 4, 2, False, False],
-    [128, 224, 4, 1, False, False], [128, 224, 4, 2, False, False],
-    [128, 128, 6, 1, False, False], [128, 128, 6, 2, False, False],
-    [128, 128, 6, 1, False, True], [128, 128, 6, 2, False, True],
-    [128, 64, 8, 1, False, False], [128, 64, 8, 1, False, True],
-    [128, 16, 12, 1, True, False], [128, 16, 12, 1, True, True],
-    [128, 64, 8, 1, True, False], [128, 64, 8, 1, True, True],
+@tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
+    [128, 256, 64, 4, 1, False, False], [128, 256, 64, 4, 2, False, False],
+    [128, 224, 64, 4, 1, False, False], [128, 224, 64, 4, 2, False, False],
+    [128, 128, 64, 6, 1, False, False], [128, 128, 64, 6, 2, False, False],
+    [128, 128, 64, 6, 1, False, True], [128, 128, 64, 6, 2, False, True],
+    [128, 64, 64, 8, 1, False, False], [128, 64, 64, 8, 1, False, True],
+    [128, 16, 128, 6, 1, True, False], [128, 16, 128, 6, 1, True, True],
+    [128, 64, 128, 4, 1, True, False], [128, 64, 128, 4, 1, True, True],
 ])
-@tilus.autotune("block_k", [64])
 @tilus.autotune("group_m", [8])
 class HopperMatmulV6(tilus.Script):
     def __init__(
@@ -336,6 +354,7 @@ class HopperMatmulV6(tilus.Script):
         self.swap_ab = swap_ab
         self.stream_k = stream_k
         self.consumer_m = block_m // 2  # rows of the tile each consumer warpgroup owns
+        self.k_boxes = block_k // 64  # TMA boxes per operand per slot: 64 columns, 128 B, each
         # a CTA's loads of B go to every CTA of its cluster
         self.multicast_mask = (1 << cluster_m) - 1 if cluster_m > 1 else None
         if swap_ab:
@@ -374,11 +393,12 @@ class HopperMatmulV6(tilus.Script):
         self.g_partials = self.global_view(
             partials_ptr, dtype=float32, shape=[num_sms * 2 * self.consumer_m, self.block_n]
         )
-        # A's slot holds one half per consumer; both consumers read the whole B slot
-        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.consumer_m, self.block_k])
+        # a slot is k_boxes boxes of 64 columns side by side (5. above); in each, A holds one
+        # half per consumer, and both consumers read the whole of B
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, 2, self.consumer_m, 64])
         # B's slot in cluster_m parts: each CTA of the cluster loads one part into every CTA
         self.s_b = self.shared_tensor(
-            dtype=self.dtype, shape=[self.stages, self.cluster_m, self.block_n // self.cluster_m, self.block_k]
+            dtype=self.dtype, shape=[self.stages, self.k_boxes, self.cluster_m, self.block_n // self.cluster_m, 64]
         )
         # one output tile for both consumers, in turn, as in v4
         self.s_c = self.output_tile()
@@ -437,7 +457,7 @@ class HopperMatmulV6(tilus.Script):
                 self.load_piece(tile_m, tile_n, k_begin, k_end)
 
     def load_piece(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """K blocks k_begin to k_end of a tile: A in two halves, one per consumer, then B.
+        """K blocks k_begin to k_end of a tile: A in two halves, one per consumer, then B, box by box.
 
         The ring's cursor runs on from piece to piece, whatever its length: no piece is
         padded to whole trips, and the last K block is partial where block_k does not
@@ -446,22 +466,23 @@ class HopperMatmulV6(tilus.Script):
         for k_block in self.range(k_begin, k_end, 1):
             offset_k = k_block * self.block_k
             self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
-            for part in range(2):
-                self.tma.global_to_shared(
-                    src=self.g_a,
-                    dst=self.s_a[self.pipe.producer_stage, part],
-                    offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k],
-                    mbarrier=self.pipe.producer_barrier(),
-                )
-            self.load_b(self.block_n * tile_n, offset_k)
+            for box in range(self.k_boxes):
+                for part in range(2):
+                    self.tma.global_to_shared(
+                        src=self.g_a,
+                        dst=self.s_a[self.pipe.producer_stage, box, part],
+                        offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k + box * 64],
+                        mbarrier=self.pipe.producer_barrier(),
+                    )
+                self.load_b(self.block_n * tile_n, offset_k + box * 64, box)
             self.pipe.producer_advance()
 
-    def load_b(self, offset_n: int32, offset_k: int32):
+    def load_b(self, offset_n: int32, offset_k: int32, box: int32):
         """Load slot producer_stage of B: all of it alone, or this CTA's part, multicast to the cluster."""
         part_n = self.block_n // self.cluster_m
         self.tma.global_to_shared(
             src=self.g_b,
-            dst=self.s_b[self.pipe.producer_stage, self.rank],
+            dst=self.s_b[self.pipe.producer_stage, box, self.rank],
             offsets=[offset_n + self.rank * part_n, offset_k],
             mbarrier=self.pipe.producer_barrier(),
             multicast_mask=self.multicast_mask,
@@ -489,9 +510,10 @@ class HopperMatmulV6(tilus.Script):
         acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
         for k_block in self.range(k_begin, k_end, 1):
             self.pipe.consumer_acquire()
-            s_b_slot = self.reshape_shared(self.s_b[self.pipe.consumer_stage], [self.block_n, self.block_k])
             self.wgmma.fence()
-            self.wgmma.mma(self.s_a[self.pipe.consumer_stage, warpgroup], s_b_slot.transpose(), acc)
+            for box in range(self.k_boxes):
+                s_b_slot = self.reshape_shared(self.s_b[self.pipe.consumer_stage, box], [self.block_n, 64])
+                self.wgmma.mma(self.s_a[self.pipe.consumer_stage, box, warpgroup], s_b_slot.transpose(), acc)
             self.wgmma.commit_group()
             self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
             if k_block > k_begin:
@@ -517,15 +539,13 @@ class HopperMatmulV6(tilus.Script):
     def add_partials(self, warpgroup: int, acc: RegisterTensor):
         """The owner's fix-up: the sums of the tile's other sharers (at most MAX_SHARERS - 1), lowest worker first.
 
-        Written out for MAX_SHARERS = 5 rather than looped: here a load_global in a runtime
+        Written out for MAX_SHARERS = 3 rather than looped: here a load_global in a runtime
         loop does not build in tilus 0.2.0 (the Blackwell kernel's loop does). The first
         sharer always exists: a lower worker holds K block 0.
         """
         first = self.scheduler.first_sharer()
         self.add_partial(warpgroup, acc, first)
         self.add_partial_if_shared(warpgroup, acc, first + 1)
-        self.add_partial_if_shared(warpgroup, acc, first + 2)
-        self.add_partial_if_shared(warpgroup, acc, first + 3)
 
     def add_partial_if_shared(self, warpgroup: int, acc: RegisterTensor, worker: int32):
         if worker < self.scheduler.worker:

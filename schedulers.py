@@ -90,7 +90,7 @@ class PersistentTileScheduler(GroupedTileOrder, tilus.Class):
         return unit_m * self.cluster_m + self.rank, tile_n
 
 
-MAX_SHARERS = 5  # workers that may share a stream-K unit: its owner and up to 4 whose sums it adds
+MAX_SHARERS = 3  # workers that may share a stream-K unit: its owner and up to 2 whose sums it adds
 
 
 class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
@@ -106,8 +106,12 @@ class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
     the K blocks allow. Without ``stream_k`` every unit is data-parallel.
 
     A tile may be shared by at most ``MAX_SHARERS`` workers, so stream-K uses only as many
-    workers as give each a range of at least k_blocks / (MAX_SHARERS - 1) K blocks (decode:
-    32 tiles of 224 K blocks go to 128 workers of 56, not 132 of 54 or 55). A range crosses
+    workers as give each a range of at least k_blocks / (MAX_SHARERS - 1) K blocks, half a
+    unit (decode, 64 x 4096 x 14336 in v6's 128 x 64 tiles with 128-column K blocks: 32
+    tiles of 112 K blocks go to 64 workers of 56, not 132 of 27 or 28). Three and not more:
+    with ranges of a quarter of a unit (MAX_SHARERS = 5), the same decode shape streamed its
+    weights more slowly on the H100, each weight row read at four places at once rather
+    than two (docs/v6.md). A range crosses
     units, so a worker's stream-K work is a run of pieces, each (unit, k_begin, k_end) in K
     blocks:
 

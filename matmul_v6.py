@@ -208,21 +208,14 @@ class BlackwellMatmulV6(tilus.Script):
         after_thread_sync()  # the last tile's reads of TMEM (before a block sync) before this tile overwrites it
         for k_block in self.range(k_begin, k_end, 1):
             self.pipe.consumer_acquire()
-            # the piece's first block overwrites TMEM, which holds the last piece
-            self.tcgen05.mma(
-                self.s_a[self.pipe.consumer_stage, 0],
-                self.s_b[self.pipe.consumer_stage, 0].transpose(),
-                self.t_acc,
-                enable_input_d=k_block != k_begin,
-            )
-            if self.k_boxes > 1:  # tilus 0.2.0 fails on a loop that runs no times
-                for box in range(1, self.k_boxes, 1):
-                    self.tcgen05.mma(
-                        self.s_a[self.pipe.consumer_stage, box],
-                        self.s_b[self.pipe.consumer_stage, box].transpose(),
-                        self.t_acc,
-                        enable_input_d=True,
-                    )
+            for box in range(self.k_boxes):
+                # the piece's first MMA overwrites TMEM, which holds the last piece
+                self.tcgen05.mma(
+                    self.s_a[self.pipe.consumer_stage, box],
+                    self.s_b[self.pipe.consumer_stage, box].transpose(),
+                    self.t_acc,
+                    enable_input_d=k_block != k_begin or box > 0,
+                )
             # no wait: the hardware arrives on the slot's empty barrier once this MMA has finished
             self.pipe.consumer_release_async()
             self.pipe.consumer_advance()

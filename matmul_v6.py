@@ -78,6 +78,10 @@ from pipeline import Pipeline
 from schedulers import MAX_SHARERS, StreamKTileScheduler, launch_blocks
 from tcgen05_fences import after_thread_sync, before_thread_sync
 
+# columns of an operand's TMA box: 128 B of fp16 or bf16, the widest the 128-byte swizzle takes
+# (5. above); a K block of block_k columns is block_k // BOX_K boxes side by side
+BOX_K = 64
+
 
 # v5's Blackwell kernel on v6's scheduler, with the exact K tail and stream-K, and the two
 # decode tiles of the Hopper kernel (swap_ab; tcgen05's N is a multiple of 16, so the
@@ -115,7 +119,7 @@ class BlackwellMatmulV6(tilus.Script):
         self.group_m = group_m
         self.swap_ab = swap_ab
         self.stream_k = stream_k
-        self.k_boxes = block_k // 64  # TMA boxes per operand per slot, as on Hopper
+        self.k_boxes = block_k // BOX_K  # TMA boxes per operand per slot, as on Hopper
         if swap_ab:
             self.store_slice = self.store_slice_transposed
 
@@ -144,8 +148,8 @@ class BlackwellMatmulV6(tilus.Script):
         self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
         self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms])
         self.g_partials = self.global_view(partials_ptr, dtype=float32, shape=[num_sms * self.block_m, self.block_n])
-        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_m, 64])
-        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_n, 64])
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_m, BOX_K])
+        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_n, BOX_K])
         if not self.swap_ab:  # the transposed tile goes straight from registers to C
             self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
         self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
@@ -192,13 +196,13 @@ class BlackwellMatmulV6(tilus.Script):
                 self.tma.global_to_shared(
                     src=self.g_a,
                     dst=self.s_a[self.pipe.producer_stage, box],
-                    offsets=[self.block_m * tile_m, offset_k + box * 64],
+                    offsets=[self.block_m * tile_m, offset_k + box * BOX_K],
                     mbarrier=self.pipe.producer_barrier(),
                 )
                 self.tma.global_to_shared(
                     src=self.g_b,
                     dst=self.s_b[self.pipe.producer_stage, box],
-                    offsets=[self.block_n * tile_n, offset_k + box * 64],
+                    offsets=[self.block_n * tile_n, offset_k + box * BOX_K],
                     mbarrier=self.pipe.producer_barrier(),
                 )
             self.pipe.producer_advance()
@@ -347,7 +351,7 @@ class HopperMatmulV6(tilus.Script):
         self.swap_ab = swap_ab
         self.stream_k = stream_k
         self.consumer_m = block_m // 2  # rows of the tile each consumer warpgroup owns
-        self.k_boxes = block_k // 64  # TMA boxes per operand per slot: 64 columns, 128 B, each
+        self.k_boxes = block_k // BOX_K  # TMA boxes per operand per slot
         # a CTA's loads of B go to every CTA of its cluster
         self.multicast_mask = (1 << cluster_m) - 1 if cluster_m > 1 else None
         if swap_ab:
@@ -386,12 +390,12 @@ class HopperMatmulV6(tilus.Script):
         self.g_partials = self.global_view(
             partials_ptr, dtype=float32, shape=[num_sms * 2 * self.consumer_m, self.block_n]
         )
-        # a slot is k_boxes boxes of 64 columns side by side (5. above); in each, A holds one
+        # a slot is k_boxes boxes of BOX_K columns side by side (5. above); in each, A holds one
         # half per consumer, and both consumers read the whole of B
-        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, 2, self.consumer_m, 64])
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, 2, self.consumer_m, BOX_K])
         # B's slot in cluster_m parts: each CTA of the cluster loads one part into every CTA
         self.s_b = self.shared_tensor(
-            dtype=self.dtype, shape=[self.stages, self.k_boxes, self.cluster_m, self.block_n // self.cluster_m, 64]
+            dtype=self.dtype, shape=[self.stages, self.k_boxes, self.cluster_m, self.block_n // self.cluster_m, BOX_K]
         )
         # one output tile for both consumers, in turn, as in v4
         self.s_c = self.output_tile()
@@ -464,10 +468,10 @@ class HopperMatmulV6(tilus.Script):
                     self.tma.global_to_shared(
                         src=self.g_a,
                         dst=self.s_a[self.pipe.producer_stage, box, part],
-                        offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k + box * 64],
+                        offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k + box * BOX_K],
                         mbarrier=self.pipe.producer_barrier(),
                     )
-                self.load_b(self.block_n * tile_n, offset_k + box * 64, box)
+                self.load_b(self.block_n * tile_n, offset_k + box * BOX_K, box)
             self.pipe.producer_advance()
 
     def load_b(self, offset_n: int32, offset_k: int32, box: int32):
@@ -505,7 +509,7 @@ class HopperMatmulV6(tilus.Script):
             self.pipe.consumer_acquire()
             self.wgmma.fence()
             for box in range(self.k_boxes):
-                s_b_slot = self.reshape_shared(self.s_b[self.pipe.consumer_stage, box], [self.block_n, 64])
+                s_b_slot = self.reshape_shared(self.s_b[self.pipe.consumer_stage, box], [self.block_n, BOX_K])
                 self.wgmma.mma(self.s_a[self.pipe.consumer_stage, box, warpgroup], s_b_slot.transpose(), acc)
             self.wgmma.commit_group()
             self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
@@ -538,11 +542,8 @@ class HopperMatmulV6(tilus.Script):
         """
         first = self.scheduler.first_sharer()
         self.add_partial(warpgroup, acc, first)
-        self.add_partial_if_shared(warpgroup, acc, first + 1)
-
-    def add_partial_if_shared(self, warpgroup: int, acc: RegisterTensor, worker: int32):
-        if worker < self.scheduler.worker:
-            self.add_partial(warpgroup, acc, worker)
+        if first + 1 < self.scheduler.worker:
+            self.add_partial(warpgroup, acc, first + 1)
 
     def add_partial(self, warpgroup: int, acc: RegisterTensor, worker: int32):
         """Wait for a sharer's flag, add its sum to acc, and set the flag back to 0 for the next launch."""

@@ -108,10 +108,10 @@ class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
     A tile may be shared by at most ``MAX_SHARERS`` workers, so stream-K uses only as many
     workers as give each a range of at least k_blocks / (MAX_SHARERS - 1) K blocks, half a
     unit (decode, 64 x 4096 x 14336 in v6's 128 x 64 tiles with 128-column K blocks: 32
-    tiles of 112 K blocks go to 64 workers of 56, not 132 of 27 or 28). Three and not more:
-    with ranges of a quarter of a unit (MAX_SHARERS = 5), the same decode shape streamed its
-    weights more slowly on the H100, each weight row read at four places at once rather
-    than two (docs/v6.md). A range crosses
+    tiles of 112 K blocks go to 64 workers of 56, not 132 of 27 or 28). Three rather than
+    five: with ranges of a quarter of a unit (MAX_SHARERS = 5), the same decode shape
+    streamed its weights more slowly on the H100, each weight row read at four places at
+    once rather than two (docs/v6.md). A range crosses
     units, so a worker's stream-K work is a run of pieces, each (unit, k_begin, k_end) in K
     blocks:
 

@@ -39,6 +39,11 @@ def parse_size(text: str) -> tuple[int, int, int]:
     if len(parts) not in (1, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(f"size {text!r}: expected N (for N x N x N) or MxNxK with positive integers")
     m, n, k = (int(parts[0]),) * 3 if len(parts) == 1 else map(int, parts)
+    if n % 8 or k % 8:  # the rule matmul() enforces (checks.py), asked before any kernel is built or launched
+        raise argparse.ArgumentTypeError(f"size {text!r}: TMA needs 16-byte row strides, so N and K must be "
+                                         "multiples of 8 for fp16 and bf16")
+    if max(m * k, n * k, m * n) >= 2**31:
+        raise argparse.ArgumentTypeError(f"size {text!r}: the kernels index each matrix with 32-bit integers")
     return m, n, k
 
 

@@ -54,13 +54,20 @@ blocks. The kernels' K loop, MMA and stores are v5's.
    128 B wide under the 128-byte swizzle that wgmma and tcgen05 read without bank
    conflicts. A slot is then 32 KiB of weights, and six or four slots fill shared memory:
    128 x 16 x 128 takes 6 x (32 + 4) = 216 KiB, 128 x 64 x 128 takes 4 x (32 + 16) = 192.
+6. 64-row decode tiles (Hopper). N = 4096 weight rows make 32 tiles of 128 rows: 32 SMs
+   stream the weights data-parallel, 64 with stream-K (ranges of at least half a tile, 2).
+   A tile of 64 rows is one consumer warpgroup's (wgmma's M): 64 tiles, and stream-K
+   spreads 64 x 112 = 7168 K blocks of 128 columns (K = 14336) over 128 SMs, 56 each, as
+   many CTAs as cuBLAS's split-K decode kernel (docs/v6.md). A slot is 16 KiB of weights,
+   so more fit: 64 x 16 x 128 takes 10 x (16 + 4) = 200 KiB, 64 x 64 x 128 takes
+   6 x (16 + 16) = 192. The Blackwell kernel keeps its 128-row tiles: tilus 0.2.0's
+   tcgen05.mma takes M = 128 only, for one CTA.
 
-The tuner picks stream_k on or off, and swap_ab, per size bucket; both show in the
-schedule string. What it picked on the H100 is in the results tables and docs/v6.md:
+The tuner picks the tile, stream_k on or off, and swap_ab per size bucket, all shown in
+the schedule string. What it picked on the H100 is in the results tables and docs/v6.md:
 at the square, LLM-like and few-tile sizes v5's 128 x 256 or 128 x 224 tile without
-stream-K (v6 is v5 there, with the exact K tail), on decode shapes the swapped tiles, mostly without
-stream-K: there the same bytes read by more SMs did not arrive sooner; what moved decode
-was how the loads use HBM, the wider K block of 5 (docs/v6.md).
+stream-K (v6 is v5 there, with the exact K tail), on decode shapes the swapped tiles with
+128-column K blocks, 64 rows or 128, with or without stream-K as the shape has it.
 
 Constraints as in v1. Run: python matmul_v6.py [--sizes ...] [--check-only] [--compile-only]
 """
@@ -307,10 +314,10 @@ class BlackwellMatmulV6(tilus.Script):
         self.sync()
 
 
-# v5's tiles, rings and clusters, and two tiles for decode (swap_ab: the kernel's A is the
+# v5's tiles, rings and clusters, and four tiles for decode (swap_ab: the kernel's A is the
 # caller's B, so M <= 64 sits on wgmma's N of 16 or 64 instead of filling half or more of a
-# 128-row tile with zeros; K blocks of 128 columns, two TMA boxes each, and as many stages as
-# shared memory holds: see 5 above).
+# 128-row tile with zeros; 128 or 64 weight rows, 6 above; K blocks of 128 columns, two TMA
+# boxes each, and as many stages as shared memory holds: see 5 above).
 # stream_k is on or off per schedule, and the tuner picks. Not with 128 x 256 or 128 x 224:
 # the partial sum loaded beside the 64 x 256 accumulator would take 256 registers a thread,
 # more than the 224 a thread may have at 288 threads (ptxas spills), and 2 x 112 beside
@@ -325,6 +332,8 @@ class BlackwellMatmulV6(tilus.Script):
     [128, 64, 64, 8, 1, False, False], [128, 64, 64, 8, 1, False, True],
     [128, 16, 128, 6, 1, True, False], [128, 16, 128, 6, 1, True, True],
     [128, 64, 128, 4, 1, True, False], [128, 64, 128, 4, 1, True, True],
+    [64, 16, 128, 10, 1, True, False], [64, 16, 128, 10, 1, True, True],
+    [64, 64, 128, 6, 1, True, False], [64, 64, 128, 6, 1, True, True],
 ])
 @tilus.autotune("group_m", [8])
 class HopperMatmulV6(tilus.Script):
@@ -350,7 +359,9 @@ class HopperMatmulV6(tilus.Script):
         self.cluster_m = cluster_m
         self.swap_ab = swap_ab
         self.stream_k = stream_k
-        self.consumer_m = block_m // 2  # rows of the tile each consumer warpgroup owns
+        # a consumer warpgroup per 64 rows (wgmma's M): two for v5's 128-row tiles, one for a 64-row one (6.)
+        self.consumers = block_m // 64
+        self.consumer_m = 64  # rows of the tile each consumer warpgroup owns
         self.k_boxes = block_k // BOX_K  # TMA boxes per operand per slot
         # a CTA's loads of B go to every CTA of its cluster
         self.multicast_mask = (1 << cluster_m) - 1 if cluster_m > 1 else None
@@ -384,25 +395,27 @@ class HopperMatmulV6(tilus.Script):
         num_units = num_units_m * num_n
         self.attrs.blocks = launch_blocks(num_units, num_sms, self.cluster_m, self.stream_k)
         self.attrs.cluster_blocks = self.cluster_m
-        self.attrs.warps = 9
+        self.attrs.warps = 4 * self.consumers + 1
         # the stream-K workspace: a ready flag and a partial tile per (CTA, consumer warpgroup)
         self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms * 2])
         self.g_partials = self.global_view(
             partials_ptr, dtype=float32, shape=[num_sms * 2 * self.consumer_m, self.block_n]
         )
         # a slot is k_boxes boxes of BOX_K columns side by side (5. above); in each, A holds one
-        # half per consumer, and both consumers read the whole of B
-        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, 2, self.consumer_m, BOX_K])
+        # part per consumer, and every consumer reads the whole of B
+        self.s_a = self.shared_tensor(
+            dtype=self.dtype, shape=[self.stages, self.k_boxes, self.consumers, self.consumer_m, BOX_K]
+        )
         # B's slot in cluster_m parts: each CTA of the cluster loads one part into every CTA
         self.s_b = self.shared_tensor(
             dtype=self.dtype, shape=[self.stages, self.k_boxes, self.cluster_m, self.block_n // self.cluster_m, BOX_K]
         )
-        # one output tile for both consumers, in turn, as in v4
+        # one output tile for the consumers, in turn, as in v4
         self.s_c = self.output_tile()
 
-        # 3. barriers: a slot is free once both consumer warpgroups of every CTA that reads it let go
-        self.pipe = Pipeline(self.stages, consumer_arrivals=2 * self.cluster_m)
-        self.s_c_free = self.mbarrier.alloc(counts=[1, 1])  # s_c is free for warpgroup 0, 1
+        # 3. barriers: a slot is free once every consumer warpgroup of every CTA that reads it lets go
+        self.pipe = Pipeline(self.stages, consumer_arrivals=self.consumers * self.cluster_m)
+        self.s_c_free = self.mbarrier.alloc(counts=[1] * self.consumers)  # s_c is free for warpgroup 0 (, 1)
         if self.cluster_m > 1:
             self.cluster.sync()  # a peer may signal our barriers only once they are initialised
             rank: int32 = self.cluster.blockRank
@@ -419,7 +432,8 @@ class HopperMatmulV6(tilus.Script):
         # 4. the K loop of every piece, one per role: the producer, each consumer
         self.producer()
         self.consumer(0)
-        self.consumer(1)
+        if self.consumers == 2:
+            self.consumer(1)
 
         if self.cluster_m > 1:
             self.cluster.sync()  # stay until the peer has stopped writing into our slots and barriers
@@ -447,14 +461,14 @@ class HopperMatmulV6(tilus.Script):
 
     def producer(self):
         """The TMA warp: every K block of every piece of this block, as far ahead as the ring allows."""
-        with self.thread_group(thread_begin=256, num_threads=32):
+        with self.thread_group(thread_begin=128 * self.consumers, num_threads=32):
             self.pipe.producer_start()
             for item in self.scheduler.items():
                 tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
                 self.load_piece(tile_m, tile_n, k_begin, k_end)
 
     def load_piece(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """K blocks k_begin to k_end of a tile: A in two halves, one per consumer, then B, box by box.
+        """K blocks k_begin to k_end of a tile: A in 64-row parts, one per consumer, then B, box by box.
 
         The ring's cursor runs on from piece to piece, whatever its length: no piece is
         padded to whole trips, and the last K block is partial where block_k does not
@@ -464,7 +478,7 @@ class HopperMatmulV6(tilus.Script):
             offset_k = k_block * self.block_k
             self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
             for box in range(self.k_boxes):
-                for part in range(2):
+                for part in range(self.consumers):
                     self.tma.global_to_shared(
                         src=self.g_a,
                         dst=self.s_a[self.pipe.producer_stage, box, part],
@@ -485,6 +499,10 @@ class HopperMatmulV6(tilus.Script):
             multicast_mask=self.multicast_mask,
         )
 
+    def next_consumer(self, warpgroup: int) -> int:
+        """The warpgroup that writes s_c after this one: the other of two, or itself when it is alone."""
+        return (warpgroup + 1) % self.consumers
+
     def consumer(self, warpgroup: int):
         """One consumer warpgroup: its rows of every piece, the K loop then the piece's end."""
         with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
@@ -494,7 +512,7 @@ class HopperMatmulV6(tilus.Script):
                 tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
                 acc = self.mma(warpgroup, k_begin, k_end)
 
-                # 5. the piece's end: the two consumers take turns with s_c
+                # 5. the piece's end: the consumers take turns with s_c
                 self.mbarrier.wait(self.s_c_free[warpgroup], phase=c_phase)
                 c_phase ^= 1
                 if self.stream_k:
@@ -527,7 +545,7 @@ class HopperMatmulV6(tilus.Script):
         if k_end < self.scheduler.k_blocks:
             self.save_partial(warpgroup, acc)  # the tile's owner adds it
             with self.single_thread():
-                self.mbarrier.arrive(self.s_c_free[1 - warpgroup])  # s_c unused: the other warpgroup's turn
+                self.mbarrier.arrive(self.s_c_free[self.next_consumer(warpgroup)])  # s_c unused: the next one's turn
         else:
             if k_begin > 0:
                 self.add_partials(warpgroup, acc)
@@ -590,7 +608,7 @@ class HopperMatmulV6(tilus.Script):
             self.tma.commit_group()
             self.tma.wait_group(n=0, read=True)  # the TMA engine has read s_c: the next writer may go
             with self.single_thread():
-                self.mbarrier.arrive(self.s_c_free[1 - warpgroup])
+                self.mbarrier.arrive(self.s_c_free[self.next_consumer(warpgroup)])
 
 
 KERNELS = {"blackwell": BlackwellMatmulV6, "hopper": HopperMatmulV6}

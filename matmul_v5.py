@@ -51,9 +51,10 @@ written by docs/ablation.py).
 Measured and not kept: a register split (``register_split=True``: 12 warps, the producer
 warpgroup gives registers to the consumers with setmaxnreg) ran level with the 9-warp
 kernel, within the timer's noise (the ablation's "register split on" column): the
-64 x 256 fp32 accumulator (128 registers a thread) already fits in the 224 a thread may
-have at 288 threads. It pays only when the consumers need more than 224 registers a
-thread and no more than the 232 it gives them.
+64 x 256 fp32 accumulator (128 registers a thread) already fits in the 168 a thread may
+have at 288 threads (each of an SM's four sub-partitions has 16,384 registers, and one
+holds 3 of the 9 warps: 16,384 / 96 = 170, 168 after rounding). It pays only when the
+consumers need more than 168 registers a thread and no more than the 232 it gives them.
 
 Constraints as in v1. Run: python matmul_v5.py [--sizes ...] [--check-only] [--compile-only]
 """

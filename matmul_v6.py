@@ -11,7 +11,7 @@ blocks. The kernels' K loop, MMA and stores are v5's.
    fourth, during which 16 SMs wait: 512 / (4 x 132) = 97% of the machine busy at best.
    Stream-K runs all but the last whole wave data-parallel and deals the rest out as 132
    equal ranges of K blocks, one per SM, so every SM ends within one K block of the
-   others. v6 offers it with 128 x 128 tiles (not 128 x 256: see the space below): 1024
+   others. At 128 x 128 (128 x 256 needs more registers: 7. below) that is 1024
    tiles, 6 waves data-parallel, then 232 tiles of 64 K blocks = 14848 blocks, 112 or 113
    per SM. A tile whose K blocks fall in several ranges is finished by the SM holding its
    last block (its *owner*), which adds the others' fp32 partial sums from a workspace in
@@ -62,11 +62,23 @@ blocks. The kernels' K loop, MMA and stores are v5's.
    so more fit: 64 x 16 x 128 takes 10 x (16 + 4) = 200 KiB, 64 x 64 x 128 takes
    6 x (16 + 16) = 192. The Blackwell kernel keeps its 128-row tiles: tilus 0.2.0's
    tcgen05.mma takes M = 128 only, for one CTA.
+7. Stream-K with 128 x 256 (Hopper). The fix-up adds a 64 x 256 fp32 sum, 128 registers a
+   thread, to an accumulator as large, and the 9-warp kernel has 168 registers a thread,
+   not 65,536 / 288 = 227: an SM's register file is four of 16,384, one per sub-partition,
+   warps are dealt to them in turn, and one gets 3 of the 9 (16,384 / 96 = 170, rounded
+   down to 168). The data-parallel 128 x 256 uses 166 already. Two changes make room. The
+   owner starts its accumulator from its sharer's sum instead of adding it after the K
+   loop, so there is no second tensor; the sum must then be ready when the owner's piece
+   starts, so these schedules give each range at least a unit's K blocks (two sharers at
+   most): the sharer computes its piece first, and the owner its own last, a unit or more
+   later. And v5's register split: a producer warpgroup of 4 warps keeps 40 registers, and
+   each consumer thread gets 232 (2 x 232 + 40 = 504 of a sub-partition's 512 per lane).
 
 The tuner picks the tile, stream_k on or off, and swap_ab per size bucket, all shown in
 the schedule string. What it picked on the H100 is in the results tables and docs/v6.md:
 at the square, LLM-like and few-tile sizes v5's 128 x 256 or 128 x 224 tile without
-stream-K (v6 is v5 there, with the exact K tail), on decode shapes the swapped tiles with
+stream-K (v6 is v5 there, with the exact K tail) except at the largest squares, where the
+128 x 256 with stream-K (7.) was picked; on decode shapes the swapped tiles with
 128-column K blocks, 64 rows or 128, with or without stream-K as the shape has it.
 
 Constraints as in v1. Run: python matmul_v6.py [--sizes ...] [--check-only] [--compile-only]
@@ -77,6 +89,8 @@ import sys
 import tilus
 import torch
 from tilus import DataType, RegisterTensor, float16, float32, int32, uint32, void_p
+from tilus.hidet.ir.expr import if_then_else
+from tilus.hidet.ir.primitives.cuda.setmaxnreg import setmaxnreg
 from tilus.ir.layout.shared_layout import Swizzle, shared_layout
 from tilus.utils import cdiv
 
@@ -318,14 +332,15 @@ class BlackwellMatmulV6(tilus.Script):
 # caller's B, so M <= 64 sits on wgmma's N of 16 or 64 instead of filling half or more of a
 # 128-row tile with zeros; 128 or 64 weight rows, 6 above; K blocks of 128 columns, two TMA
 # boxes each, and as many stages as shared memory holds: see 5 above).
-# stream_k is on or off per schedule, and the tuner picks. Not with 128 x 256 or 128 x 224:
-# the partial sum loaded beside the 64 x 256 accumulator would take 256 registers a thread,
-# more than the 224 a thread may have at 288 threads (ptxas spills), and 2 x 112 beside
-# 224 leaves none for the rest. group_m is 8 alone: v5's tuner
+# stream_k is on or off per schedule, and the tuner picks. With 128 x 256 only in clusters of
+# two (7. above; alone it ranked far behind at every size tried) and not with 128 x 224:
+# the partial loaded beside a 64 x 224 accumulator is 2 x 112 registers a thread, more than
+# even the register split's 232. group_m is 8 alone: v5's tuner
 # chose 8 at most shapes of more than one wave (16 or 32 at 16384 x 1024 x 4096 and
 # 16384^3), and with fewer units than SMs it is moot.
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
     [128, 256, 64, 4, 1, False, False], [128, 256, 64, 4, 2, False, False],
+    [128, 256, 64, 4, 2, False, True],
     [128, 224, 64, 4, 1, False, False], [128, 224, 64, 4, 2, False, False],
     [128, 128, 64, 6, 1, False, False], [128, 128, 64, 6, 2, False, False],
     [128, 128, 64, 6, 1, False, True], [128, 128, 64, 6, 2, False, True],
@@ -362,6 +377,10 @@ class HopperMatmulV6(tilus.Script):
         # a consumer warpgroup per 64 rows (wgmma's M): two for v5's 128-row tiles, one for a 64-row one (6.)
         self.consumers = block_m // 64
         self.consumer_m = 64  # rows of the tile each consumer warpgroup owns
+        # 128 x 256 stream-K (7.): the owner starts from its one sharer's sum, and a producer
+        # warpgroup hands its registers to the consumers (setmaxnreg), as v5's register split
+        self.owner_starts_from_partial = stream_k and block_n > 128
+        self.register_split = self.owner_starts_from_partial
         self.k_boxes = block_k // BOX_K  # TMA boxes per operand per slot
         # a CTA's loads of B go to every CTA of its cluster
         self.multicast_mask = (1 << cluster_m) - 1 if cluster_m > 1 else None
@@ -395,7 +414,7 @@ class HopperMatmulV6(tilus.Script):
         num_units = num_units_m * num_n
         self.attrs.blocks = launch_blocks(num_units, num_sms, self.cluster_m, self.stream_k)
         self.attrs.cluster_blocks = self.cluster_m
-        self.attrs.warps = 4 * self.consumers + 1
+        self.attrs.warps = 4 * self.consumers + (4 if self.register_split else 1)
         # the stream-K workspace: a ready flag and a partial tile per (CTA, consumer warpgroup)
         self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms * 2])
         self.g_partials = self.global_view(
@@ -426,7 +445,7 @@ class HopperMatmulV6(tilus.Script):
         # 1. this block's (this cluster's) pieces of work: whole tiles, then a stream-K range of K blocks
         self.scheduler = StreamKTileScheduler(
             num_units_m, num_n, num_units, cdiv(k_size, self.block_k), self.group_m, self.cluster_m, rank,
-            self.stream_k,
+            self.stream_k, 2 if self.owner_starts_from_partial else MAX_SHARERS,
         )
 
         # 4. the K loop of every piece, one per role: the producer, each consumer
@@ -461,11 +480,20 @@ class HopperMatmulV6(tilus.Script):
 
     def producer(self):
         """The TMA warp: every K block of every piece of this block, as far ahead as the ring allows."""
-        with self.thread_group(thread_begin=128 * self.consumers, num_threads=32):
-            self.pipe.producer_start()
-            for item in self.scheduler.items():
-                tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
-                self.load_piece(tile_m, tile_n, k_begin, k_end)
+        if self.register_split:
+            with self.thread_group(thread_begin=128 * self.consumers, num_threads=128):
+                setmaxnreg(40, "dec")  # the producer warpgroup gives registers to the consumers
+                with self.thread_group(thread_begin=0, num_threads=32):  # the TMA warp
+                    self.load_pieces()
+        else:
+            with self.thread_group(thread_begin=128 * self.consumers, num_threads=32):
+                self.load_pieces()
+
+    def load_pieces(self):
+        self.pipe.producer_start()
+        for item in self.scheduler.items():
+            tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
+            self.load_piece(tile_m, tile_n, k_begin, k_end)
 
     def load_piece(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
         """K blocks k_begin to k_end of a tile: A in 64-row parts, one per consumer, then B, box by box.
@@ -506,6 +534,8 @@ class HopperMatmulV6(tilus.Script):
     def consumer(self, warpgroup: int):
         """One consumer warpgroup: its rows of every piece, the K loop then the piece's end."""
         with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
+            if self.register_split:
+                setmaxnreg(232, "inc")
             self.pipe.consumer_start()
             c_phase: uint32 = 1 - warpgroup  # warpgroup 0 writes s_c first
             for item in self.scheduler.items():
@@ -522,7 +552,10 @@ class HopperMatmulV6(tilus.Script):
 
     def mma(self, warpgroup: int, k_begin: int32, k_end: int32):
         """This warpgroup's rows of one piece, K blocks k_begin to k_end, into a fresh accumulator."""
-        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+        if self.owner_starts_from_partial:
+            acc = self.start_from_partial(warpgroup, k_begin, k_end)
+        else:
+            acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
         for k_block in self.range(k_begin, k_end, 1):
             self.pipe.consumer_acquire()
             self.wgmma.fence()
@@ -547,7 +580,7 @@ class HopperMatmulV6(tilus.Script):
             with self.single_thread():
                 self.mbarrier.arrive(self.s_c_free[self.next_consumer(warpgroup)])  # s_c unused: the next one's turn
         else:
-            if k_begin > 0:
+            if k_begin > 0 and not self.owner_starts_from_partial:
                 self.add_partials(warpgroup, acc)
             self.epilogue(warpgroup, acc, tile_m, tile_n)
 
@@ -572,6 +605,27 @@ class HopperMatmulV6(tilus.Script):
                                    shape=[self.consumer_m, self.block_n])
         self.add(acc, partial, out=acc)
         self.release_semaphore(flag, 0)
+
+    def start_from_partial(self, warpgroup: int, k_begin: int32, k_end: int32):
+        """A fresh accumulator: the sharer's sum for the owner's piece, zeros for any other piece.
+
+        Every piece loads it, the others from rows past the workspace, which load_global masks
+        to zeros without reading, and adds it to zeros: where the accumulator was either loaded
+        or constant zeros, ptxas serialised every wgmma of the kernel (C7515), and where the
+        load wrote it directly, too (C7514).
+        """
+        owner = k_begin > 0 and k_end == self.scheduler.k_blocks
+        slot: int32 = (self.scheduler.first_sharer() * self.cluster_m + self.rank) * 2 + warpgroup
+        flag: ~int32 = self.g_flags[slot].item_ptr()
+        if owner:
+            self.lock_semaphore(flag, 1)
+        row = if_then_else(owner, slot * self.consumer_m, self.g_partials.shape[0])
+        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+        partial = self.load_global(self.g_partials, offsets=[row, 0], shape=[self.consumer_m, self.block_n])
+        self.add(acc, partial, out=acc)
+        if owner:
+            self.release_semaphore(flag, 0)
+        return acc
 
     def save_partial(self, warpgroup: int, acc: RegisterTensor):
         """The piece's sum to this CTA and warpgroup's slot, then its flag (st.release: after every thread's stores)."""

@@ -111,9 +111,10 @@ class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
     tiles of 112 K blocks go to 64 workers of 56, not 132 of 27 or 28). Three rather than
     five: with ranges of a quarter of a unit (MAX_SHARERS = 5), the same decode shape
     streamed its weights more slowly on the H100, each weight row read at four places at
-    once rather than two (docs/v6.md). A range crosses
-    units, so a worker's stream-K work is a run of pieces, each (unit, k_begin, k_end) in K
-    blocks:
+    once rather than two (docs/v6.md). ``max_sharers = 2`` (ranges of at least a unit) is
+    for a kernel whose owner starts from its one sharer's sum (v6's Hopper 128 x 256).
+    A range crosses units, so a worker's stream-K work is a run of pieces, each
+    (unit, k_begin, k_end) in K blocks:
 
     - a whole unit (0, k_blocks): stored as in v5;
     - a piece that ends before the unit's last K block: its sum goes to the workspace (the
@@ -134,7 +135,7 @@ class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
     """
 
     def __init__(self, num_units_m: int32, num_n: int32, num_units: int32, k_blocks: int32, group_m: int,
-                 cluster_m: int, rank: int32, stream_k: bool):
+                 cluster_m: int, rank: int32, stream_k: bool, max_sharers: int = MAX_SHARERS):
         self.group_m: int = group_m
         self.cluster_m: int = cluster_m
         self.num_units_m = num_units_m
@@ -150,8 +151,8 @@ class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
                 dp_units = if_then_else(num_units >= self.workers, (num_units // self.workers - 1) * self.workers, 0)
         self.dp_units = dp_units
         self.sk_blocks = (num_units - dp_units) * k_blocks
-        # ranges of at least k_blocks / (MAX_SHARERS - 1) K blocks: a unit then meets at most MAX_SHARERS of them
-        most = self.sk_blocks // cdiv(k_blocks, MAX_SHARERS - 1)
+        # ranges of at least k_blocks / (max_sharers - 1) K blocks: a unit then meets at most max_sharers of them
+        most = self.sk_blocks // cdiv(k_blocks, max_sharers - 1)
         self.sk_workers = if_then_else(most < self.workers, if_then_else(most > 0, most, 1), self.workers)
         self.sk_begin = if_then_else(self.worker < self.sk_workers, self.worker * self.sk_blocks // self.sk_workers,
                                      self.sk_blocks)

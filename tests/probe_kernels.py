@@ -76,9 +76,10 @@ class StreamKProbe(tilus.Script):
     An owner piece (the tile's last K block, not its first) also writes the first sharer it will wait for.
     """
 
-    def __init__(self, group_m: int):
+    def __init__(self, group_m: int, max_sharers: int):
         super().__init__()
         self.group_m = group_m
+        self.max_sharers = max_sharers
 
     def __call__(self, num_m: int32, num_n: int32, k_blocks: int32, workers: int32, cover_ptr: ~int32,
                  first_ptr: ~int32):
@@ -86,7 +87,8 @@ class StreamKProbe(tilus.Script):
         self.attrs.warps = 1
         g_cover = self.global_view(cover_ptr, dtype=int32, shape=[num_m, num_n, k_blocks])
         g_first = self.global_view(first_ptr, dtype=int32, shape=[num_m, num_n])
-        scheduler = StreamKTileScheduler(num_m, num_n, num_m * num_n, k_blocks, self.group_m, 1, 0, True)
+        scheduler = StreamKTileScheduler(num_m, num_n, num_m * num_n, k_blocks, self.group_m, 1, 0, True,
+                                         self.max_sharers)
         with self.single_thread():
             worker: int32 = scheduler.worker
             for item in scheduler.items():

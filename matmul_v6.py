@@ -88,7 +88,7 @@ import sys
 
 import tilus
 import torch
-from tilus import DataType, RegisterTensor, float16, float32, int32, uint32, void_p
+from tilus import DataType, RegisterTensor, boolean, float16, float32, int32, uint32, void_p
 from tilus.hidet.ir.expr import if_then_else
 from tilus.hidet.ir.primitives.cuda.setmaxnreg import setmaxnreg
 from tilus.ir.layout.shared_layout import Swizzle, shared_layout
@@ -592,39 +592,36 @@ class HopperMatmulV6(tilus.Script):
         sharer always exists: a lower worker holds K block 0.
         """
         first = self.scheduler.first_sharer()
-        self.add_partial(warpgroup, acc, first)
+        self.add_partial(warpgroup, acc, first, True)
         if first + 1 < self.scheduler.worker:
-            self.add_partial(warpgroup, acc, first + 1)
+            self.add_partial(warpgroup, acc, first + 1, True)
 
-    def add_partial(self, warpgroup: int, acc: RegisterTensor, worker: int32):
-        """Wait for a sharer's flag, add its sum to acc, and set the flag back to 0 for the next launch."""
-        slot: int32 = (worker * self.cluster_m + self.rank) * 2 + warpgroup
-        flag: ~int32 = self.g_flags[slot].item_ptr()
-        self.lock_semaphore(flag, 1)
-        partial = self.load_global(self.g_partials, offsets=[slot * self.consumer_m, 0],
-                                   shape=[self.consumer_m, self.block_n])
-        self.add(acc, partial, out=acc)
-        self.release_semaphore(flag, 0)
+    def add_partial(self, warpgroup: int, acc: RegisterTensor, worker: int32, owner: boolean):
+        """Wait for a sharer's flag, add its sum to acc, and set the flag back to 0 for the next launch.
 
-    def start_from_partial(self, warpgroup: int, k_begin: int32, k_end: int32):
-        """A fresh accumulator: the sharer's sum for the owner's piece, zeros for any other piece.
-
-        Every piece loads it, the others from rows past the workspace, which load_global masks
-        to zeros without reading, and adds it to zeros: where the accumulator was either loaded
-        or constant zeros, ptxas serialised every wgmma of the kernel (C7515), and where the
-        load wrote it directly, too (C7514).
+        ``owner`` false (a run-time condition, start_from_partial) adds zeros instead: the
+        rows past the workspace, which load_global masks to zeros without reading.
         """
-        owner = k_begin > 0 and k_end == self.scheduler.k_blocks
-        slot: int32 = (self.scheduler.first_sharer() * self.cluster_m + self.rank) * 2 + warpgroup
+        slot: int32 = (worker * self.cluster_m + self.rank) * 2 + warpgroup
         flag: ~int32 = self.g_flags[slot].item_ptr()
         if owner:
             self.lock_semaphore(flag, 1)
         row = if_then_else(owner, slot * self.consumer_m, self.g_partials.shape[0])
-        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
         partial = self.load_global(self.g_partials, offsets=[row, 0], shape=[self.consumer_m, self.block_n])
         self.add(acc, partial, out=acc)
         if owner:
             self.release_semaphore(flag, 0)
+
+    def start_from_partial(self, warpgroup: int, k_begin: int32, k_end: int32):
+        """A fresh accumulator: the sharer's sum for the owner's piece, zeros for any other piece.
+
+        Every piece loads and adds to zeros, the others from past the workspace: where the
+        accumulator was either loaded or constant zeros, ptxas serialised every wgmma of the
+        kernel (C7515), and where the load wrote it directly, too (C7514).
+        """
+        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+        owner = k_begin > 0 and k_end == self.scheduler.k_blocks
+        self.add_partial(warpgroup, acc, self.scheduler.first_sharer(), owner)
         return acc
 
     def save_partial(self, warpgroup: int, acc: RegisterTensor):

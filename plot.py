@@ -8,11 +8,13 @@
     python plot.py --csv-only                 benchmark and write results/<gpu>.csv, draw nothing
     python plot.py --from results/h100.csv    no GPU needed: figures and tables from that CSV
     python plot.py --ablation                 on a Hopper GPU: time v5 with each technique off
-                                              (docs/ablation.py; the table in docs/v5.md)
+                                              (docs/ablation.py; the table in docs/results.md)
 
 At each size every contender is checked, then timed in both regimes of ``support/bench.py``
 (burst: the kernel alone; back-to-back: a program's loop through its entry point), the
-contenders alternating so that clock drift hits all alike (``support.cli.benchmark``).
+contenders in a fresh random order each round, so that clock drift hits all alike
+(``support.cli.benchmark``). At the end of the fp16 run it measures REPEAT_SIZES a second
+time, into results/<gpu>_repeat.csv, to show how far two measurements of one build agree.
 The peer is what a user would pick instead of hand-written kernels: ``torch.compile`` of
 ``a @ b.T`` with ``mode="max-autotune-no-cudagraphs"``, Inductor restricted to its Triton
 GEMM templates with the persistent TMA template enabled (rows with version ``triton``).
@@ -20,14 +22,16 @@ GEMM templates with the persistent TMA template enabled (rows with version ``tri
 Writes docs/figures/perf_<gpu>.* (bars, one group per shape of each class, a panel per
 regime), sizes_<gpu>.* (TFLOPS across square sizes) and classes_<gpu>.* (a panel per shape
 class, back-to-back; decode in TB/s against the copy bandwidth measured in the same run),
-with the GPU's dense fp16 peak where known, and rewrites every results table in README.md and
-docs/*.md that sits between ``<!-- results <gpu> <versions> -->`` and ``<!-- /results -->``,
-so no measured number is typed by hand. It also redraws the figures that come from
+with the GPU's dense fp16 peak where known, and rewrites every table block in README.md and
+docs/*.md (``<!-- kind <gpu> args -->`` ... ``<!-- /kind -->``: results, the README's versions
+table, each page's before/after ``compare`` table, the repeat, launch, dtypes and trails
+tables of docs/results.md), so no measured number is typed by hand. It also redraws the figures that come from
 models (docs/timeline.py, docs/raster.py, docs/streamk.py) and rewrites each version's build evidence table
 from the builds (docs/evidence.py; no GPU needed, slow only the first time).
 """
 
 import argparse
+import ast
 import importlib
 import importlib.util
 import re
@@ -46,7 +50,9 @@ from support.bench import Contender  # noqa: E402
 REPO = cache.REPO
 FIGURES = REPO / "docs" / "figures"
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-BLOCK = re.compile(r"(<!-- (results|launch|dtypes|trails) (\S+) (\S+)(?: (fp16|bf16))? -->\n)(.*?)(<!-- /\2 -->)", re.S)
+# <!-- kind slug args --> ... <!-- /kind -->: a table written from results/<slug>.csv (see update_documents)
+BLOCK = re.compile(r"(<!-- (results|launch|dtypes|trails|compare|versions|repeat) (\S+)((?: \S+)*) -->\n)(.*?)"
+                   r"(<!-- /\2 -->)", re.S)
 
 
 # two or three shapes of each class a version is judged on (M x N x K; C = A @ B.T)
@@ -61,6 +67,8 @@ CLASS_SIZES = [
 ]
 SQUARE_SIZES = ["512", "1024", "2048", "4096", "8192", "16384"]
 BENCHMARK_SIZES = CLASS_SIZES + [size for size in SQUARE_SIZES if size not in CLASS_SIZES]
+# measured a second time at the end of a run, to show how far two measurements of one build agree
+REPEAT_SIZES = ["4096", "8192", "128x8192x8192"]
 
 # dense fp16 tensor-core peak from NVIDIA's datasheets, TFLOPS (without sparsity)
 PEAK_TFLOPS = {"h100": 989.4, "h200": 989.4, "h100-pcie": 756.5}
@@ -140,13 +148,19 @@ def _copy_tb_per_s(rows: list[dict]) -> float | None:
     return None
 
 
+def _pct(row: dict) -> str:
+    """% of cuBLAS in the same run, with half the spread (max - min over the rounds) where it was measured."""
+    spread = f" ±{float(row['pct_spread']) / 2:.1f}" if row.get("pct_spread") else ""
+    return f"{float(row['pct_of_cublas']):.1f}%{spread}"
+
+
 def _cell(row: dict | None, version: str) -> str:
     if row is None:
         return "-"
     decode = shape_class(*_dims(_size(row))) == "decode"
     value = f"{_tb_per_s(row):.2f} TB/s" if decode else f"{float(row['tflops']):.1f}"
     if version != "cublas":
-        return f"{value} ({float(row['pct_of_cublas']):.1f}%)"
+        return f"{value} ({_pct(row)})"
     clock = f", {float(row['sm_mhz']):.0f} MHz" if row["sm_mhz"] else ""
     share = f", {float(row['pct_of_bandwidth']):.0f}% of copy" if decode and row["pct_of_bandwidth"] else ""
     return value + ("" if decode else " TFLOPS") + share + clock
@@ -177,6 +191,22 @@ def _host_line(rows: list[dict], versions: list[str], dtype: str) -> list[str]:
     names = [_label(v) if v != "cublas" else "cuBLAS (torch.matmul)" for v in [*versions, "cublas"]]
     return ["**host µs per call** (CPU time of the Python entry point, no sync; median over the sizes, and range)", "",
             "| " + " | ".join(names) + " |", "|" + "---|" * len(names), "| " + " | ".join(cells) + " |", ""]
+
+
+def _energy_table(rows: list[dict], versions: list[str], dtype: str) -> list[str]:
+    """Back to back: each contender's TFLOPS per watt and energy per GEMM, from NVML's energy counter."""
+    timed = [r for r in _timed(rows, "back-to-back", dtype) if r.get("tflops_per_w")]
+    if not timed:
+        return []
+    by_key = {(r["version"], _size(r)): r for r in timed}
+    names = [_label(v) for v in [*versions, "cublas"]]
+    lines = ["**energy, back-to-back**: TFLOPS per watt, and mJ per GEMM (NVML's energy counter over the windows)", "",
+             "| class | size | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for size in _class_sizes(timed):
+        cells = [f"{float(r['tflops_per_w']):.2f} ({float(r['mj_per_gemm']):.3g} mJ)" if (r := by_key.get((v, size)))
+                 else "-" for v in [*versions, "cublas"]]
+        lines.append(f"| {shape_class(*_dims(size))} | {size} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _single_version_table(rows: list[dict], version: str, dtype: str) -> list[str]:
@@ -225,9 +255,11 @@ def results_table(rows: list[dict], versions: list[str], dtype: str = "fp16") ->
         lines = _single_version_table(rows, versions[0], dtype)
     else:
         lines = [*_comparison_table(rows, versions, "back-to-back", dtype),
-                 *_comparison_table(rows, versions, "burst", dtype), *_host_line(rows, versions, dtype)]
+                 *_comparison_table(rows, versions, "burst", dtype), *_energy_table(rows, versions, dtype),
+                 *_host_line(rows, versions, dtype)]
         lines.append("Each cell: TFLOPS, or for decode shapes the bytes of A, B and C over the time, with the % of "
-                     "cuBLAS timed in the same run; the cuBLAS column gives its mean SM clock over its timed windows "
+                     "cuBLAS timed in the same run and ± half its spread (the round's % of cuBLAS moved over max - min "
+                     "= twice that); the cuBLAS column gives its mean SM clock over its timed windows "
                      "and, for decode, its share of a device-to-device copy measured in the same run."
                      + (f" The {STYLE[PEER]['label']} column is from an earlier run than the others (`python plot.py "
                         "--peer` times it beside them): its % is against the cuBLAS of its own run."
@@ -277,6 +309,7 @@ def _tile(config: str) -> str:
     fields = dict(item.split("=") for item in config.split())
     return (f"{fields.get('block_m')} x {fields.get('block_n')}"
             + (f", {fields['stages']} stages" if "stages" in fields else "")
+            + (f", clusters of {fields['cluster_m']}" if fields.get("cluster_m", "1") != "1" else "")
             + (", A and B swapped" if fields.get("swap_ab") == "True" else "")
             + (", stream-K" if fields.get("stream_k") == "True" else ""))
 
@@ -287,29 +320,32 @@ def trails_table(rows: list[dict], version: str, dtype: str = "fp16") -> str:
     Both are given as % of cuBLAS timed in the same run, with their TFLOPS per GHz of SM
     clock compared (back to back the clock moves from window to window, so a gap there may
     be the clock's, not the kernel's) and the tile and ring depth each version's tuner
-    picked, so a reader sees whether the two ran the same schedule. Differences that round
-    to 0.0 are not listed.
+    picked, so a reader sees whether the two ran the same schedule. A gap no larger than the
+    larger of the two rows' spreads (max - min over the rounds) is not a finding, and is not
+    listed.
     """
     previous = f"v{int(version.removeprefix('v')) - 1}"
     by_key = {(r["version"], r["regime"], _size(r)): r for r in rows if r["dtype"] == dtype and r["ms"]}
-    lines = [f"| class | size | regime | {previous}: % of cuBLAS | {version}: % of cuBLAS | difference | "
+    lines = [f"| class | size | regime | {previous}: % of cuBLAS | {version}: % of cuBLAS | difference | spread | "
              f"per clock, {version} against {previous} | {previous}: tile, ring | {version}: tile, ring |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for size in _class_sizes(rows):
         for regime in REGIMES:
             before, after = by_key.get((previous, regime, size)), by_key.get((version, regime, size))
             if before is None or after is None:
                 continue
             old, new = float(before["pct_of_cublas"]), float(after["pct_of_cublas"])
-            if round(new - old, 1) < 0:
+            spread = max(float(before.get("pct_spread") or 0), float(after.get("pct_spread") or 0))
+            if round(new - old, 1) < 0 and old - new > spread:
                 per_clock = (f"{100 * (float(after['tflops_per_ghz']) / float(before['tflops_per_ghz']) - 1):+.1f}%"
                              if before["tflops_per_ghz"] and after["tflops_per_ghz"] else "-")
                 tiles = (_tile(before["config"]), _tile(after["config"]))
                 lines.append(f"| {shape_class(*_dims(size))} | {size} | {regime} | {old:.1f} | {new:.1f} | "
-                             f"{new - old:.1f} | {per_clock} | {tiles[0]} | "
+                             f"{new - old:.1f} | {spread:.1f} | {per_clock} | {tiles[0]} | "
                              f"{'the same' if tiles[0] == tiles[1] else tiles[1]} |")
     if len(lines) == 2:
-        return f"{version} is at least as fast as {previous} at every class shape, in both regimes, in these results.\n"
+        return (f"{version} is at least as fast as {previous} at every class shape, in both regimes, within the spread "
+                "of the two rows.\n")
     return "\n".join(lines) + "\n"
 
 
@@ -330,19 +366,98 @@ def dtype_table(rows: list[dict], version: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _shape(size: str) -> str:
+    m, n, k = _dims(size)
+    return f"{m}³" if m == n == k else size
+
+
+def compare_table(rows: list[dict], before: str, after: str, sizes: list[str], dtype: str = "fp16") -> str:
+    """A version against the one before it at a few shapes, both regimes: a page's before/after table."""
+    by_key = {(r["version"], r["regime"], _size(r)): r for r in rows if r["dtype"] == dtype and r["ms"]}
+    lines = [f"| shape | regime | {before}: % of cuBLAS | {after}: % of cuBLAS | {after}'s tile |", "|---|---|---|---|---|"]
+    for size in ("x".join(map(str, cli.parse_size(s))) for s in sizes):
+        for regime in REGIMES:
+            old, new = by_key.get((before, regime, size)), by_key.get((after, regime, size))
+            if old and new:
+                lines.append(f"| {_shape(size)} ({shape_class(*_dims(size))}) | {regime} | {_pct(old)} | {_pct(new)} | "
+                             f"{_tile(new['config'])} |")
+    gpu_name = rows[0]["gpu"].removeprefix("NVIDIA ") if rows else ""
+    return "\n".join(lines) + (f"\n\n{gpu_name}, {dtype}; ± half the spread over the rounds; every shape, and how it is "
+                               "measured: [results](results.md).\n")
+
+
+def _idea(version: str) -> str:
+    """The first line of a version's module docstring, less its "vN: " prefix."""
+    docstring = ast.get_docstring(ast.parse((REPO / f"matmul_{version}.py").read_text())) or ""
+    return docstring.splitlines()[0].removeprefix(f"{version}: ").rstrip(".") if docstring else ""
+
+
+def versions_table(rows: list[dict], size: str, dtype: str = "fp16") -> str:
+    """The README's table: each version, its idea and its walkthrough, with one shape's progression in both regimes."""
+    size = "x".join(map(str, cli.parse_size(size)))
+    by_key = {(r["version"], r["regime"]): r for r in rows if r["dtype"] == dtype and r["ms"] and _size(r) == size}
+    regimes = list(REGIMES)[::-1]  # burst (the kernel alone) first
+    lines = [f"| file | idea | {_shape(size)}, " + f" | {_shape(size)}, ".join(regimes) + " | walkthrough |",
+             "|---|---|" + "---|" * len(regimes) + "---|"]
+    for version in (v.removeprefix("matmul_") for v in versions_on_disk()):
+        cells = [f"{float(r['tflops']):.0f} TFLOPS ({_pct(r)})" if (r := by_key.get((version, regime))) else "-"
+                 for regime in regimes]
+        lines.append(f"| `matmul_{version}.py` | {_idea(version)} | " + " | ".join(cells)
+                     + f" | [docs/{version}.md](docs/{version}.md) |")
+    cublas = [f"{float(r['tflops']):.0f} TFLOPS, {float(r['sm_mhz']):.0f} MHz" if (r := by_key.get(("cublas", regime)))
+              else "-" for regime in regimes]
+    lines.append("| cuBLAS | `torch.matmul` | " + " | ".join(cublas) + " | |")
+    dates = sorted({r["date"] for r in rows})
+    return "\n".join(lines) + (f"\n\n{rows[0]['gpu']}, {dtype}, measured {dates[-1]}: % of cuBLAS timed in the same run, "
+                               "± half the spread over the rounds ([how](docs/reference.md#how-the-numbers-are-measured)"
+                               ", [every shape](docs/results.md)).\n")
+
+
+def repeat_table(rows: list[dict], again: list[dict]) -> str:
+    """The same build measured twice in one run: each contender's % of cuBLAS in both measurements, and the largest gap."""
+    first = {(r["version"], r["regime"], _size(r)): r for r in rows if r["dtype"] == "fp16" and r["ms"]}
+    second = {(r["version"], r["regime"], _size(r)): r for r in again if r["dtype"] == "fp16" and r["ms"]}
+    versions = [v for v in _versions(again) if v != "cublas"]
+    lines = ["| size | regime | " + " | ".join(_label(v) for v in versions) + " |", "|---|---|" + "---|" * len(versions)]
+    gaps = {regime: 0.0 for regime in REGIMES}
+    for size in sorted({_size(r) for r in again}, key=_dims):
+        for regime in REGIMES:
+            cells = []
+            for version in versions:
+                a, b = first.get((version, regime, size)), second.get((version, regime, size))
+                if a and b:
+                    x, y = float(a["pct_of_cublas"]), float(b["pct_of_cublas"])
+                    gaps[regime] = max(gaps[regime], abs(y - x))
+                    cells.append(f"{x:.1f} / {y:.1f}")
+                else:
+                    cells.append("-")
+            lines.append(f"| {size} | {regime} | " + " | ".join(cells) + " |")
+    dates = sorted({r["date"] for r in again})
+    lines += ["", f"% of cuBLAS, first / second measurement, {again[0]['gpu']}, fp16, {', '.join(dates)}: the second is "
+              "the same build measured again at the end of the run, by the same method. Largest difference: "
+              + ", ".join(f"{regime} {gap:.1f} points" for regime, gap in gaps.items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
 def update_documents(csv_dir: Path = cli.RESULTS_DIR, documents: list[Path] = DOCUMENTS) -> list[Path]:
-    """Rewrite each results block from results/<gpu>.csv; return the documents that changed."""
+    """Rewrite each table block from results/<gpu>.csv (and <gpu>_repeat.csv); return the documents that changed."""
     changed = []
     for document in documents:
         text = document.read_text()
 
         def render(match):
-            kind, slug, versions, dtype = match.group(2), match.group(3), match.group(4).split(","), match.group(5)
+            kind, slug, args = match.group(2), match.group(3), match.group(4).split()
             rows = read_rows(csv_dir / f"{slug}.csv")
-            table = {"results": lambda: results_table(rows, versions, dtype or "fp16"),
-                     "launch": lambda: launch_table(rows, versions[0]), "dtypes": lambda: dtype_table(rows, versions[0]),
-                     "trails": lambda: trails_table(rows, versions[0], dtype or "fp16")}[kind]()
-            return match.group(1) + table + match.group(7)
+            dtype = args[1] if len(args) > 1 and args[1] in cli.DTYPE_NAMES else "fp16"
+            first = args[0].split(",") if args else []
+            table = {"results": lambda: results_table(rows, first, dtype),
+                     "launch": lambda: launch_table(rows, first[0]), "dtypes": lambda: dtype_table(rows, first[0]),
+                     "trails": lambda: trails_table(rows, first[0], dtype),
+                     "compare": lambda: compare_table(rows, *first, args[1].split(",")),
+                     "versions": lambda: versions_table(rows, first[0]),
+                     "repeat": lambda: repeat_table(rows, read_rows(again)) if (again := csv_dir / f"{slug}_repeat.csv")
+                     .exists() else "Not measured yet: `python plot.py` measures it at the end of a run.\n"}[kind]()
+            return match.group(1) + table + match.group(6)
 
         updated = BLOCK.sub(render, text)
         if updated != text:
@@ -523,6 +638,10 @@ def main(argv=None) -> int:
                         help="benchmark and write results/<gpu>.csv only (re-plot later with --from)")
     parser.add_argument("--ablation", action="store_true",
                         help="only time v5 with each technique switched off, beside v4 and cuBLAS")
+    parser.add_argument("--second-measurement", choices=["yes", "no", "only"], default="yes",
+                        help=f"after the fp16 run, measure {', '.join(REPEAT_SIZES)} again with the same contenders "
+                             "into results/<gpu>_repeat.csv, to show how far two measurements agree (only: nothing "
+                             "else); default: yes")
     args = parser.parse_args(argv)
     if args.ablation:
         ablation = _docs_script("ablation")
@@ -534,9 +653,14 @@ def main(argv=None) -> int:
     if not sources:
         try:
             gpu.gpu_arch()
-            if args.dtype in ("fp16", "both"):
+            if args.dtype in ("fp16", "both") and args.second_measurement != "only":
                 sources = [benchmark(args.sizes, args.peer, "fp16", args.versions, args.out)]
-            if args.dtype in ("bf16", "both"):
+            if args.dtype in ("fp16", "both") and args.second_measurement != "no":
+                again = cli.RESULTS_DIR / f"{gpu.gpu_label()}_repeat.csv"
+                print(f"the second measurement, of {', '.join(REPEAT_SIZES)}, into {again.relative_to(REPO)}", flush=True)
+                benchmark(REPEAT_SIZES, args.peer, "fp16", args.versions, again)
+                sources = sources or [cli.RESULTS_DIR / f"{gpu.gpu_label()}.csv"]
+            if args.dtype in ("bf16", "both") and args.second_measurement != "only":
                 last_two = [name.removeprefix("matmul_") for name in versions_on_disk()[-2:]]
                 sizes = args.sizes if args.sizes is not BENCHMARK_SIZES else CLASS_SIZES
                 sources = [benchmark(sizes, args.peer, "bf16", args.versions or last_two, args.out)]
@@ -553,7 +677,7 @@ def main(argv=None) -> int:
     for document in update_documents():
         print(f"updated the results tables in {document.relative_to(REPO)}")
     if _docs_script("ablation").update_page():
-        print("updated the ablation table in docs/v5.md")
+        print("updated the ablation table in docs/results.md")
     for path in model_figures():
         print(f"wrote {path.relative_to(REPO)} (a model)")
     for path in _docs_script("streamk").main():
@@ -565,8 +689,11 @@ def main(argv=None) -> int:
 
 
 def _docs_script(name: str):
+    if name in sys.modules:
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, REPO / "docs" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # the ablation's kernels are keyed by their module's source (support.cache)
     spec.loader.exec_module(module)
     return module
 

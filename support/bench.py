@@ -6,18 +6,23 @@
   (``matmul(a, b)``, ``torch.matmul(a, b.T)``, the peer's compiled function) queued with
   no sync between them, rotating through operand sets that together exceed L2, timed end
   to end with events: host cost shows wherever the GPU needs less time than the host.
-  Contenders alternate window by window, after a warm-up that brings the GPU to the
-  clocks it holds under sustained load, so drift hits all alike.
+  Under load an H100 sits at its 700 W cap and its clock follows the energy each contender
+  draws, so the order and length of the windows decide what a row says: after WARM_UP_S of
+  load, ROUNDS rounds, each giving every contender one window of about WINDOW_S in a fresh
+  random order, so that no contender always follows the same one.
 
-With each measurement: host µs per call (``host_us``: the Python entry queued 100 times
-with no sync behind a GPU spin, after warm-up), the SM clock and board power from NVML over the timed
-windows, the efficiency per clock against the dense tensor-core peak (SMs x 4096 FLOP
-per clock on Hopper: 540.7 TFLOPS/GHz on an H100 SXM) and, for memory-bound shapes, the
-bytes of A, B and C over the time against a device-to-device copy measured in the same run.
+With each measurement: its spread (max - min over the rounds of the round's % of cuBLAS,
+in points), host µs per call (``host_us``: the Python entry queued 100 times with no sync
+behind a GPU spin, after warm-up), the SM clock and board power from NVML over the timed
+windows, back to back the energy per GEMM and TFLOPS per watt from NVML's energy counter,
+the efficiency per clock against the dense tensor-core peak (SMs x 4096 FLOP per clock on
+Hopper: 540.7 TFLOPS/GHz on an H100 SXM) and, for memory-bound shapes, the bytes of A, B
+and C over the time against a device-to-device copy measured in the same run.
 """
 
 import dataclasses
 import math
+import random
 import statistics
 import threading
 import time
@@ -29,9 +34,9 @@ from support import measure
 
 FLOP_PER_CLOCK_PER_SM = 4096  # dense fp16/bf16 tensor-core rate per SM (Hopper wgmma, 2 FLOP per multiply-add)
 L2_ROTATION_BYTES = 2 * 50 * 2**20  # operand sets rotated so they do not sit in L2: twice an H100's 50 MB
-WINDOW_S = 0.25  # one back-to-back window; contenders alternate window by window
-ROUNDS = 5  # windows per contender per size (median)
-WARM_UP_S = 1.0  # sustained load before a size's windows, so the clocks have settled
+WINDOW_S = 1.0  # one back-to-back window: long enough that the clock settles into the contender's own draw
+ROUNDS = 3  # windows per contender per size, one a round (median)
+WARM_UP_S = 2.0  # sustained load before a size's windows: the GPU reaches its power cap and the clock it holds there
 HOST_CALLS = 100  # calls queued per host-cost sample: few enough that the launch queue never fills
 HOST_WARM_CALLS = 3  # untimed calls before each host-cost sample (see host_us)
 
@@ -46,11 +51,13 @@ class Contender:
 
 
 class Telemetry:
-    """Mean SM clock and board power of one contender over its timed windows, from NVML.
+    """Mean SM clock and board power of one contender over its timed windows, and their energy, from NVML.
 
-    A thread samples both every few milliseconds and sleeps in between (NVML calls release
-    the GIL). Power is NVML's instantaneous reading: on the H100 the energy counter and the
-    averaged power reading move only every ~100 ms, too coarse for windows of a few hundred.
+    A thread samples clock and instantaneous power every few milliseconds and sleeps in
+    between (NVML calls release the GIL). The energy is the board's energy counter read at
+    each window's ends; it moves in steps (tens of ms on an H100), small beside windows of
+    WINDOW_S, and what one window misses at its ends its neighbour, drawing about the same
+    power at the cap, counts.
     """
 
     INTERVAL_S = 0.005
@@ -59,6 +66,8 @@ class Telemetry:
         self.handle = handle
         self.clocks: list[float] = []
         self.powers: list[float] = []
+        self.millijoules = 0.0  # over every window
+        self.calls = 0  # GEMMs those windows ran (the caller counts them)
 
     @contextmanager
     def window(self):
@@ -68,6 +77,7 @@ class Telemetry:
         import pynvml
 
         stop = threading.Event()
+        energy = pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
 
         def sample():
             while True:
@@ -83,6 +93,7 @@ class Telemetry:
         try:
             yield
         finally:
+            self.millijoules += pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle) - energy
             stop.set()
             thread.join()
 
@@ -93,6 +104,10 @@ class Telemetry:
     @property
     def power_w(self) -> float:
         return statistics.fmean(self.powers) if self.powers else math.nan
+
+    @property
+    def mj_per_call(self) -> float:
+        return self.millijoules / self.calls if self.calls and self.millijoules else math.nan
 
 
 def nvml_handle(device: int | None = None):
@@ -178,26 +193,55 @@ def back_to_back_ms(call, sets, calls: int) -> float:
     return start.elapsed_time(end) / calls
 
 
-def time_back_to_back(contenders: list[Contender], sets, telemetry: dict) -> dict[str, float]:
-    """Median ms per call of each contender, back to back, windows alternating after a warm-up under load."""
+def time_back_to_back(contenders: list[Contender], sets, telemetry: dict, seed: int = 0) -> dict[str, list[float]]:
+    """Ms per call of each contender in each round, back to back, after WARM_UP_S of load.
+
+    Each round gives every contender one window of about WINDOW_S, in a fresh random order.
+    """
     per_call = {c.name: back_to_back_ms(c.call, sets, 10) for c in contenders}  # also the first-window calibration
     deadline = time.perf_counter() + WARM_UP_S
     while time.perf_counter() < deadline:
         for c in contenders:
             back_to_back_ms(c.call, sets, max(1, int(WARM_UP_S / 10 / len(contenders) / (per_call[c.name] * 1e-3))))
     samples = {c.name: [] for c in contenders}
-    for round_ in range(ROUNDS):
-        for c in contenders[round_ % len(contenders):] + contenders[:round_ % len(contenders)]:
-            calls = min(20000, max(10, int(WINDOW_S / (per_call[c.name] * 1e-3))))
+    order, rng = list(contenders), random.Random(seed)
+    for _ in range(ROUNDS):
+        rng.shuffle(order)
+        for c in order:
+            calls = min(100_000, max(10, int(WINDOW_S / (per_call[c.name] * 1e-3))))
             with telemetry[c.name].window():
                 samples[c.name].append(back_to_back_ms(c.call, sets, calls))
-    return {name: statistics.median(times) for name, times in samples.items()}
+            telemetry[c.name].calls += calls
+    return samples
 
 
-def time_burst(contenders: list[Contender], a, b, outs: dict, repeat: int, telemetry: dict) -> dict[str, float]:
-    """Median ms of each contender's launch alone (``measure.time_burst``), with its clock and power."""
+def time_burst(contenders: list[Contender], a, b, outs: dict, repeat: int, telemetry: dict,
+               seed: int = 0) -> dict[str, list[float]]:
+    """Each contender's launches alone (``measure.burst_samples``), per round, with its clock and power."""
     calls = {c.name: (lambda c=c: c.call(a, b, outs[c.name])) for c in contenders}
-    return measure.time_burst(calls, repeat, around=lambda name: telemetry[name].window())
+    samples = measure.burst_samples(calls, repeat, around=lambda name: telemetry[name].window(), seed=seed)
+    per_round = math.ceil(repeat / measure.BURST_ROUNDS)
+    return {name: [times[i:i + per_round] for i in range(0, len(times), per_round)] for name, times in samples.items()}
+
+
+def ratio_and_spread(rounds: dict[str, list], name: str) -> tuple[float, float]:
+    """% of cuBLAS (its median over its median) and the spread: max - min over the rounds of the round's ratio.
+
+    A round is one window (back to back) or one run of burst launches; for cuBLAS itself the
+    spread is that of its own rounds' times around their median, in % of it.
+    """
+    def median(values):
+        return statistics.median(v for chunk in values for v in (chunk if isinstance(chunk, list) else [chunk]))
+
+    def per_round(values):
+        return [statistics.median(chunk) if isinstance(chunk, list) else chunk for chunk in values]
+
+    mine, cublas = per_round(rounds[name]), per_round(rounds["cublas"])
+    pct = 100 * median(rounds["cublas"]) / median(rounds[name])
+    if name == "cublas":
+        return pct, 100 * (max(mine) - min(mine)) / statistics.median(mine)
+    ratios = [100 * theirs / ours for theirs, ours in zip(cublas, mine)]
+    return pct, max(ratios) - min(ratios)
 
 
 def check(contender: Contender, a, b, ref, timeout_s: float) -> float:
@@ -226,23 +270,26 @@ def measure_size(contenders: list[Contender], m: int, n: int, k: int, seed: int,
         return records
     outs = {c.name: torch.empty((m, n), dtype=a.dtype, device="cuda") for c in timed}
     burst_telemetry = {c.name: Telemetry(handle) for c in timed}
-    burst = time_burst(timed, a, b, outs, repeat, burst_telemetry)
-    hosts = host_us(timed, sets, burst)
+    burst = time_burst(timed, a, b, outs, repeat, burst_telemetry, seed)
+    hosts = host_us(timed, sets, {name: statistics.median(sum(rounds, [])) for name, rounds in burst.items()})
     loop_telemetry = {c.name: Telemetry(handle) for c in timed}
-    loop = time_back_to_back(timed, sets, loop_telemetry)
+    loop = time_back_to_back(timed, sets, loop_telemetry, seed)
     data_bytes = (m * k + n * k + m * n) * a.element_size()
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    for regime, times, telemetry in (("burst", burst, burst_telemetry), ("back-to-back", loop, loop_telemetry)):
+    for regime, rounds, telemetry in (("burst", burst, burst_telemetry), ("back-to-back", loop, loop_telemetry)):
         for c in timed:
-            ms, sm_mhz = times[c.name], telemetry[c.name].sm_mhz
+            ms = statistics.median(v for r in rounds[c.name] for v in (r if isinstance(r, list) else [r]))
+            pct, spread = ratio_and_spread(rounds, c.name) if "cublas" in rounds else (math.nan, math.nan)
+            sm_mhz, mj = telemetry[c.name].sm_mhz, telemetry[c.name].mj_per_call
             tflops = measure.tflops(m, n, k, ms)
             per_ghz = tflops / (sm_mhz / 1000)
             records.append({
-                "version": c.name, "regime": regime, "ms": ms, "tflops": tflops,
-                "pct_of_cublas": 100 * times["cublas"] / ms if "cublas" in times else math.nan,
+                "version": c.name, "regime": regime, "ms": ms, "tflops": tflops, "pct_of_cublas": pct,
                 "host_us": hosts[c.name], "sm_mhz": sm_mhz, "power_w": telemetry[c.name].power_w,
                 "tflops_per_ghz": per_ghz, "pct_of_clock_peak": 100 * per_ghz / (num_sms * FLOP_PER_CLOCK_PER_SM / 1000),
                 "pct_of_bandwidth": 100 * data_bytes / (ms * 1e-3) / copy_bytes_per_s,
+                "pct_spread": spread, "mj_per_gemm": mj if regime == "back-to-back" else math.nan,
+                "tflops_per_w": 2 * m * n * k / (mj * 1e-3) / 1e12 if regime == "back-to-back" else math.nan,
                 "rel_err": errors[c.name], "config": c.config,
             })
     return records

@@ -29,8 +29,8 @@ from support.measure import DTYPE_NAMES, REL_ERR_TOL, passes, random_inputs, rel
 
 RESULTS_DIR = REPO / "results"
 CSV_FIELDS = ["gpu", "version", "dtype", "regime", "m", "n", "k", "ms", "tflops", "pct_of_cublas", "host_us", "sm_mhz",
-              "power_w", "tflops_per_ghz", "pct_of_clock_peak", "pct_of_bandwidth", "rel_err", "config", "tilus", "torch",
-              "date"]
+              "power_w", "tflops_per_ghz", "pct_of_clock_peak", "pct_of_bandwidth", "pct_spread", "mj_per_gemm",
+              "tflops_per_w", "rel_err", "config", "tilus", "torch", "date"]
 DEFAULT_SIZES = ["4096", "8192"]
 
 
@@ -130,8 +130,10 @@ def _check_every_schedule(kernels: dict, arch_name: str, sizes, timeout_s: float
 CUBLAS = Contender("cublas", lambda a, b, out: torch.matmul(a, b.T, out=out), "torch.matmul")
 METHOD = (f"burst: median of timed runs, each alone (CUDA events, L2 flushed, launches queued ahead); "
           f"back-to-back: median of {bench.ROUNDS} windows of ~{bench.WINDOW_S:g} s of calls through each entry point, "
-          "no sync, operand sets rotated past L2, after a warm-up under load; contenders alternate in one process; "
-          "host us: CPU time per call queued with no sync behind a GPU spin; clock and power: NVML over the timed windows")
+          f"no sync, operand sets rotated past L2, after {bench.WARM_UP_S:g} s of load; contenders in a fresh random "
+          "order each round, in one process; spread: max - min over the rounds of the round's % of cuBLAS; host us: "
+          "CPU time per call queued with no sync behind a GPU spin; clock and power: NVML over the timed windows; "
+          "energy: NVML's energy counter over the back-to-back windows")
 
 
 def benchmark(versions: dict, sizes, repeat: int, timeout_s: float, dtype: str = "fp16", peers=(),
@@ -187,12 +189,12 @@ def row_passes(row: dict) -> bool:
 
 
 def print_rows(rows: list[dict]) -> None:
-    columns = ["regime", "version", "ms", "tflops", "pct_of_cublas", "host_us", "sm_mhz", "power_w", "tflops_per_ghz",
-               "pct_of_bandwidth", "rel_err"]
+    columns = ["regime", "version", "ms", "tflops", "pct_of_cublas", "pct_spread", "host_us", "sm_mhz", "power_w",
+               "tflops_per_ghz", "mj_per_gemm", "tflops_per_w", "pct_of_bandwidth", "rel_err"]
     table = [["x".join(str(r[d]) for d in "mnk"), r["dtype"], *(r.get(c) or "-" for c in columns),
               "ok" if row_passes(r) else "WRONG", r["config"]] for r in rows]
-    print(_table(["size", "dtype", "regime", "version", "ms", "TFLOPS", "% of cuBLAS", "host us", "SM MHz", "W",
-                  "TFLOPS/GHz", "% of copy BW", "rel. error", "result", "schedule"], table))
+    print(_table(["size", "dtype", "regime", "version", "ms", "TFLOPS", "% of cuBLAS", "spread", "host us", "SM MHz",
+                  "W", "TFLOPS/GHz", "mJ/GEMM", "TFLOPS/W", "% of copy BW", "rel. error", "result", "schedule"], table))
     print(METHOD)
 
 

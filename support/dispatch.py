@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import random
 import sys
 
 import filelock
@@ -31,9 +32,10 @@ from support.checks import check_inputs
 from support.gpu import gpu_arch, gpu_label
 from support.measure import time_samples, warm_up_gpu
 
-TUNE_QUICK_RUNS = 10  # first pass: every schedule, median of this many runs
-TUNE_FINALISTS = 3  # second pass: the best few, interleaved in rounds as in measure.time_burst
+TUNE_QUICK_RUNS = 12  # first pass: every schedule, median of this many runs
+TUNE_FINALISTS = 4  # second pass: the best few, timed again
 TUNE_FINAL_RUNS = 30
+TUNE_ROUNDS = 3  # each pass in rounds, a fresh random order each, so clock drift hits every schedule alike
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,29 +233,31 @@ def space_size(script_cls) -> int:
     return math.prod(len(values) for values in script_cls._autotune_space.values())
 
 
-def rank_schedules(jit, launch_args: tuple) -> list[tuple[float, int]]:
+def rank_schedules(jit, launch_args: tuple, seed: int = 0) -> list[tuple[float, int]]:
     """(median ms, program index) for every built schedule, fastest first.
 
-    Pass 1 times every schedule (median of TUNE_QUICK_RUNS, L2 flushed before each run);
-    pass 2 re-times the TUNE_FINALISTS fastest interleaved, TUNE_FINAL_RUNS runs each, so
-    that clock drift hits all finalists alike.
+    Pass 1 times every schedule, TUNE_QUICK_RUNS runs each (L2 flushed before each run) in
+    TUNE_ROUNDS rounds, every round in a fresh random order: the clock of a GPU coming up to
+    its power cap moves within a pass, and a schedule timed all at once can catch a dip that
+    puts it far down the list. Pass 2 re-times the TUNE_FINALISTS fastest the same way,
+    TUNE_FINAL_RUNS runs each.
     """
     a, b = launch_args[3], launch_args[4]
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
     funcs = [compiled.get_launch_func() for compiled in jit.compiled_programs]
+    rng = random.Random(seed)
+
+    def interleaved(indices: list[int], runs: int) -> list[tuple[float, int]]:
+        samples, order = {index: [] for index in indices}, list(indices)
+        for _ in range(TUNE_ROUNDS):
+            rng.shuffle(order)
+            for index in order:
+                samples[index] += time_samples(lambda: funcs[index](*launch_args), runs // TUNE_ROUNDS, flush)
+        return sorted((float(torch.tensor(times).median()), index) for index, times in samples.items())
+
     warm_up_gpu(a, b)
-    quick = []
-    for index, func in enumerate(funcs):
-        samples = time_samples(lambda: func(*launch_args), TUNE_QUICK_RUNS, flush)
-        quick.append((float(torch.tensor(samples).median()), index))
-    quick.sort()
-    finalists = [index for _, index in quick[:TUNE_FINALISTS]]
-    samples = {index: [] for index in finalists}
-    rounds = 3
-    for _ in range(rounds):
-        for index in finalists:
-            samples[index] += time_samples(lambda: funcs[index](*launch_args), TUNE_FINAL_RUNS // rounds, flush)
-    final = sorted((float(torch.tensor(samples[index]).median()), index) for index in finalists)
+    quick = interleaved(list(range(len(funcs))), TUNE_QUICK_RUNS)
+    final = interleaved([index for _, index in quick[:TUNE_FINALISTS]], TUNE_FINAL_RUNS)
     return final + quick[TUNE_FINALISTS:]
 
 

@@ -3,22 +3,25 @@
 The burst timer (``time_burst``, also the autotuner's): the median of many runs after
 warm-up, with CUDA events around each run, a 256 MiB buffer zeroed before each so L2
 starts cold, the host queued ahead behind a short GPU spin, and every contender timed in
-the same process, interleaved in rounds. ``bench`` adds the back-to-back regime.
+the same process, interleaved in rounds, in a fresh random order each round. ``bench``
+adds the back-to-back regime.
 """
 
 import contextlib
 import math
 import os
+import random
 import sys
 import time
 
 import torch
 
 # The reference is computed in fp32 from the same fp16/bf16 inputs, so the error is the
-# output's rounding: a relative Frobenius error of about u / sqrt(3) for unit roundoff u
-# (fp32 accumulation adds ~1e-6). fp16 keeps 11 significant bits: 2**-11 / sqrt(3) = 2.8e-4,
-# and 1e-3 leaves 3.5x headroom. bf16 keeps 8: 2**-8 / sqrt(3) = 2.3e-3, and 8e-3 leaves the
-# same headroom. One wrong 128x128 tile of a 4096x4096 result already gives > 3e-2.
+# output's rounding (fp32 accumulation adds ~1e-6). Rounding to p significant bits errs by at
+# most half an ulp, 2**-p of the value; averaged over the values of a product of random normal
+# inputs it gives a relative Frobenius error of about 2.1e-4 in fp16 (p = 11) and 1.7e-3 in
+# bf16 (p = 8): rounding_error() computes it. 1e-3 and 8e-3 leave 4.8x and 4.7x headroom. One
+# wrong 128x128 tile of a 4096x4096 result already gives > 3e-2.
 REL_ERR_TOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3}
 DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -49,6 +52,12 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (torch.linalg.norm(out32 - ref) / torch.linalg.norm(ref)).item()
 
 
+def rounding_error(dtype: torch.dtype, n: int = 1 << 22, seed: int = 0) -> float:
+    """The relative Frobenius error of rounding n products' worth of random normal fp32 values to ``dtype``."""
+    values = torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+    return (torch.linalg.norm(values.to(dtype).float() - values) / torch.linalg.norm(values)).item()
+
+
 def passes(err: float, dtype: torch.dtype = torch.float16) -> bool:
     return math.isfinite(err) and err <= REL_ERR_TOL[dtype]
 
@@ -76,6 +85,9 @@ def time_samples(fn, repeat: int, flush: torch.Tensor) -> list[float]:
     return [start.elapsed_time(end) for start, end in zip(starts, ends)]
 
 
+BURST_ROUNDS = 5  # rounds of the burst timer; each contender times repeat / BURST_ROUNDS runs a round
+
+
 def time_burst(calls: dict, repeat: int, warmup: int = 10, around=None) -> dict[str, float]:
     """Median ms of each call run alone (L2 flushed, queued ahead), interleaved in rounds so clock drift hits all.
 
@@ -85,18 +97,23 @@ def time_burst(calls: dict, repeat: int, warmup: int = 10, around=None) -> dict[
     return {name: float(torch.tensor(times).median()) for name, times in samples.items()}
 
 
-def burst_samples(calls: dict, repeat: int, warmup: int = 10, around=None) -> dict[str, list[float]]:
-    """Every timed ms of ``time_burst``'s runs, per call."""
+def burst_samples(calls: dict, repeat: int, warmup: int = 10, around=None, seed: int = 0) -> dict[str, list[float]]:
+    """Every timed ms of ``time_burst``'s runs, per call, in rounds of repeat / BURST_ROUNDS consecutive runs.
+
+    The calls take their turns in a fresh random order each round (seeded), so no call always
+    follows the same one.
+    """
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > L2, zeroed before every run
     for _ in range(warmup):
         for fn in calls.values():
             fn()
     samples = {name: [] for name in calls}
-    rounds = 5
-    for _ in range(rounds):
-        for name, fn in calls.items():
+    order, rng = list(calls), random.Random(seed)
+    for _ in range(BURST_ROUNDS):
+        rng.shuffle(order)
+        for name in order:
             with around(name) if around else contextlib.nullcontext():
-                samples[name] += time_samples(fn, math.ceil(repeat / rounds), flush)
+                samples[name] += time_samples(calls[name], math.ceil(repeat / BURST_ROUNDS), flush)
     return samples
 
 

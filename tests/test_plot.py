@@ -155,9 +155,34 @@ def test_where_a_version_trails_the_one_before_is_listed_from_the_rows(tmp_path)
     plot.update_documents(csv_dir=tmp_path, documents=[doc])
     text = doc.read_text()
     # v2 is behind back to back only, at both class shapes there; v1's tile is shown beside v2's
-    assert ("| square | 4096x4096x4096 | back-to-back | 61.3 | 59.3 | -2.0 | +0.0% | 128 x 128 | 128 x 256, 4 stages |"
-            in text)  # the fixture's v2 has v1's TFLOPS per GHz
+    assert ("| square | 4096x4096x4096 | back-to-back | 61.3 | 59.3 | -2.0 | 0.0 | +0.0% | 128 x 128 | "
+            "128 x 256, 4 stages |" in text)  # the fixture's v2 has v1's TFLOPS per GHz
     assert "| decode | 1x4096x4096 | back-to-back | 50.0 | 48.0 | -2.0 |" in text
     assert "burst" not in text and "stale" not in text
     ahead = [row | {"pct_of_cublas": "99.0"} for row in v2]
     assert plot.trails_table(v1 + ahead, "v2").startswith("v2 is at least as fast as v1 at every class shape")
+
+
+def test_a_gap_within_the_spread_is_not_a_trail(tmp_path):
+    v1 = [row for row in ROWS if row["version"] == "v1"]
+    v2 = [row | {"version": "v2", "pct_of_cublas": f"{float(row['pct_of_cublas']) - 2:.1f}", "pct_spread": "2.5"}
+          for row in v1]
+    assert plot.trails_table(v1 + v2, "v2").startswith("v2 is at least as fast as v1")
+    narrower = [row | {"pct_spread": "1.5"} for row in v2]
+    assert "| 61.3 | 59.3 | -2.0 | 1.5 |" in plot.trails_table(v1 + narrower, "v2")
+
+
+def test_compare_versions_and_repeat_blocks_render_from_the_rows(tmp_path):
+    v2 = [row | {"version": "v2", "config": "block_m=128 block_n=256 block_k=64 stages=4 cluster_m=2",
+                 "pct_spread": "0.8"} for row in ROWS if row["version"] == "v1"]
+    write_fixture(tmp_path / "h100.csv", ROWS + v2)
+    write_fixture(tmp_path / "h100_repeat.csv", [row | {"pct_of_cublas": "62.0"} for row in v2 if row["m"] == 4096])
+    doc = tmp_path / "page.md"
+    doc.write_text("<!-- compare h100 v1,v2 4096 -->\n<!-- /compare -->\n<!-- repeat h100 -->\n<!-- /repeat -->\n")
+    plot.update_documents(csv_dir=tmp_path, documents=[doc])
+    text = doc.read_text()
+    assert "| 4096³ (square) | back-to-back | 61.3% | 61.3% ±0.4 | 128 x 256, 4 stages, clusters of 2 |" in text
+    assert "| 4096x4096x4096 | back-to-back | 61.3 / 62.0 |" in text
+    assert "Largest difference: back-to-back 0.7 points, burst 2.0 points." in text
+    table = plot.versions_table(plot.read_rows(tmp_path / "h100.csv"), "4096")
+    assert "| `matmul_v1.py` | " in table and "| cuBLAS | `torch.matmul` | 764 TFLOPS, 1800 MHz | 723 TFLOPS, 1310 MHz |" in table

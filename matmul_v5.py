@@ -1,71 +1,46 @@
 """v5: persistent blocks, 2-CTA clusters with TMA multicast, a swizzled and overlapped epilogue.
 
-What changed from v4, and why. What each technique is worth on an H100 is the ablation
-table in docs/v5.md (v5 with one technique changed per column, timed in one process,
-written by docs/ablation.py).
+What changed from v4, and why:
 
-1. Persistent blocks. v4 launched one block per tile, and a block ended with its tile's
-   store: the SM sat idle from the last MMA until the next block had loaded its first
-   slot. v5 launches one block per SM (``num_sms``, an argument: the kernel is built once
-   for every GPU) and each block walks the grouped tile order with a stride of the grid:
-   tile t, t + grid, ... On Hopper the producer runs on into the next tile's loads while
-   the consumers still store the last one, so the ring is full when they come back. On
-   Blackwell all four warps store each tile, after a block-wide sync that holds the
-   producer too: the next tile's loads start only after the store, into an empty ring, and
-   persistence saves there only the launch and setup of a block (barriers, TMEM).
-2. The epilogue overlaps the next tile's main loop. The two consumer warpgroups still take
-   turns with one output tile (``s_c_free``), and warpgroup 0 does not wait for
-   warpgroup 1's turn: it goes on with the next tile while warpgroup 1 stores, so one
-   warpgroup's MMAs run during the other's epilogue. The ablation turns it off with
-   ``overlap_epilogue=False``: the producer then waits for both stores before it loads
-   the next tile.
-3. A swizzled output tile. v4's 64 x 256 output tile was row-major: the 8 rows one
-   stmatrix writes are 512 bytes apart, all in the same 4 of the 32 banks, an 8-way
-   conflict on every store. v5 keeps it as four 64-column boxes with TMA's 128-byte
-   swizzle (16-byte chunk c of row r at chunk c ^ r % 8): conflict free, and one TMA store
-   per box (the ablation's "unswizzled store" column; the bank conflicts: the counters
-   table of docs/index.md).
-4. 2-CTA clusters with TMA multicast. Two CTAs compute the tiles above each other, which
-   share a B tile: each loads half of it and multicasts it into both, so a CTA brings 16 +
-   16 KiB from L2 per K step instead of 16 + 32. A slot may be refilled only when the
-   consumers of both CTAs let go of it, so each consumer warpgroup arrives on its own and
-   its peer's empty barrier (one thread each: count 2 warpgroups x 2 CTAs). The tuner
-   picks 1 or 2 per shape (the ablation's "cluster size flipped" column).
-5. Every tile takes whole trips round the ring: K is rounded up to a multiple of
-   stages x block_k and TMA fills the steps past K with zeros. Each tile then starts at
-   slot 0 (``producer_start_trips``), so the loop unrolled ``stages`` times indexes slots
-   with constants, as in v4. Measured before the swizzle was added, in an A/B on the
-   H100, the gain for v5 with clusters was small; it is kept because it costs nothing
-   where stages x block_k divides K: K a multiple of 256 for the 4-stage 128 x 256
-   schedule, of 384 for the 6-stage 128 x 128 one, of 512 for the 8-stage 128 x 64 one.
-   Otherwise the cost is the padding (K = 4104, 4 stages: 65 steps become 68).
+1. Persistent blocks. A v4 block computes one tile and ends with its store, and the SM's
+   tensor cores idle until the next block has loaded its first slot. v5 launches one
+   block per SM (``num_sms``, an argument: one build serves every GPU), and each walks the
+   grouped tile order with a stride of the grid (``PersistentTileScheduler``). The
+   producer runs on into the next tile's loads while the consumers store the last one.
+2. Whole trips round the ring. K is rounded up to a multiple of stages x block_k (TMA
+   fills the steps past K with zeros), so every tile starts at slot 0 and the loops,
+   unrolled ``stages`` times, index slots by constants as in v4. The cost is padding where
+   stages x block_k does not divide K: K = 4104 with 4 stages is 65 steps, run as 68.
+3. An overlapped epilogue. The two consumer warpgroups take turns with one output tile
+   through two barriers (``s_c_free``); each goes on to its next tile once the TMA engine
+   has read its rows, so one warpgroup's MMAs run during the other's epilogue.
+4. A swizzled output tile: four 64-column boxes with TMA's 128-byte swizzle (16-byte
+   chunk c of row r at chunk c ^ r % 8), one TMA store per box. v4's rows of 512 bytes put
+   the 8 rows an stmatrix writes in the same 4 of the 32 banks: an 8-way conflict.
+5. 2-CTA clusters (``cluster_m`` 1 or 2, tuned). The two CTAs compute tiles above each
+   other; each loads half of their B tile and multicasts it into both, 16 + 16 KiB per K
+   step from L2 instead of 16 + 32. One thread per consumer warpgroup arrives on its own
+   and its peer's empty barrier (count 2 warpgroups x 2 CTAs), at CTA scope.
+6. A 128 x 224 tile for N = 14336: 14336 / 224 = 64 tile columns where 256 gives 56, so
+   M = 256 makes 128 tiles for 132 SMs, not 112. Its output boxes are 32 columns (the
+   64-byte swizzle), and its wgmma needs compat defect 7 (tilus 0.2.0 would issue seven
+   m64n32k16). 4 x 44 + 28 = 204 KiB of shared memory; 128 x 256 takes 4 x 48 + 32 = 224.
 
-6. A 128 x 224 tile beside v4's. At N = 14336, 256-column tiles make 56 columns, so
-   M = 256 is 2 x 56 = 112 tiles for 132 SMs: 20 SMs (15%) idle through the only wave.
-   224 columns make 14336 / 224 = 64 exactly, 128 tiles, 4 SMs idle. 224 is no multiple
-   of 64, so its output tile goes out in 32-column boxes (64 bytes a row, TMA's 64-byte
-   swizzle), and its wgmma needs compat defect 7: tilus 0.2.0 would issue it as seven
-   32-column instructions. The tuner picks it where it wins (docs/v5.md, "A tile for
-   N = 14336").
+On Blackwell only 1 and 2: all four warps store each tile after a block-wide sync that
+holds the producer too, so the next tile's loads wait for the store.
 
-Measured and not kept: a register split (``register_split=True``: 12 warps, the producer
-warpgroup gives registers to the consumers with setmaxnreg) ran level with the 9-warp
-kernel, within the timer's noise (the ablation's "register split on" column): the
-64 x 256 fp32 accumulator (128 registers a thread) already fits in the 168 a thread may
-have at 288 threads (each of an SM's four sub-partitions has 16,384 registers, and one
-holds 3 of the 9 warps: 16,384 / 96 = 170, 168 after rounding). It pays only when the
-consumers need more than 168 registers a thread and no more than the 232 it gives them.
+What each technique is worth: docs/ablation.py switches each off alone and times the
+variants in one process (the table is in docs/results.md, "v5's ablation").
 
 Constraints as in v1. Run: python matmul_v5.py [--sizes ...] [--check-only] [--compile-only]
+Walkthrough: docs/v5.md, docs/v5-swizzle.md, docs/v5-clusters.md
 """
 
 import sys
 
 import tilus
 import torch
-from tilus import DataType, GlobalTensor, RegisterTensor, SharedTensor, float16, float32, int32, uint32, void_p
-from tilus.hidet.ir.primitives.cuda.setmaxnreg import setmaxnreg
-from tilus.ir.layout.ops.shared_ops import shared_row_major
+from tilus import DataType, RegisterTensor, float16, float32, int32, uint32, void_p
 from tilus.ir.layout.shared_layout import Swizzle, shared_layout
 from tilus.utils import cdiv
 
@@ -225,8 +200,7 @@ class BlackwellMatmulV5(GroupedTileOrder, tilus.Script):
 # tile are 204 KiB); cluster_m: 1 or 2 CTAs stacked in M sharing B. Clusters pay
 # where B traffic dominates (8192^3) and may cost where every tile fits in one wave
 # (2048 x 2048 x 8192: 16 x 8 = 128 tiles of 128 x 256, 64 units in clusters of 2), so the
-# tuner picks per shape. The switches after cluster_m are for the ablation
-# (docs/ablation.py), not tuned: their defaults are what measured best (docs/v5.md).
+# tuner picks per shape.
 @tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 224, 4], [128, 128, 6], [128, 128, 4], [128, 64, 8]])
 @tilus.autotune("block_k", [64])
 @tilus.autotune("group_m", [8, 16, 32])
@@ -240,9 +214,6 @@ class HopperMatmulV5(tilus.Script):
         stages: int,
         group_m: int,
         cluster_m: int,
-        register_split: bool = False,
-        overlap_epilogue: bool = True,
-        swizzled_store: bool = True,
         dtype: DataType = float16,
     ):
         super().__init__()
@@ -253,20 +224,11 @@ class HopperMatmulV5(tilus.Script):
         self.stages = stages
         self.group_m = group_m
         self.cluster_m = cluster_m
-        self.register_split = register_split
         self.consumer_m = block_m // 2  # rows of the tile each consumer warpgroup owns
         # the output tile's TMA boxes: 64 columns (128 bytes) where they divide the tile, else 32
         self.box_n = 64 if block_n % 64 == 0 else 32
         # a CTA's loads of B go to every CTA of its cluster
         self.multicast_mask = (1 << cluster_m) - 1 if cluster_m > 1 else None
-        # the ablation turns a technique off by swapping in, here and once, the method that
-        # does without it: no loop tests a switch
-        if not overlap_epilogue:
-            self.load_units = self.load_units_after_stores
-            self.release_s_c = self.release_s_c_and_signal_producer
-        if not swizzled_store:
-            self.output_tile = self.output_tile_row_major
-            self.epilogue = self.epilogue_row_major
 
     def __call__(
         self,
@@ -285,7 +247,7 @@ class HopperMatmulV5(tilus.Script):
         num_units = num_units_m * num_n
         self.attrs.blocks = persistent_blocks(num_units, num_sms, self.cluster_m)
         self.attrs.cluster_blocks = self.cluster_m
-        self.attrs.warps = 12 if self.register_split else 9
+        self.attrs.warps = 9  # two consumer warpgroups, then the producer warp
 
         # 2. operands: global views, shared tiles (each consumer holds its own accumulator)
         self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
@@ -303,7 +265,6 @@ class HopperMatmulV5(tilus.Script):
         # 3. barriers: a slot is free once both consumer warpgroups of every CTA that reads it let go
         self.pipe = Pipeline(self.stages, consumer_arrivals=2 * self.cluster_m)
         self.s_c_free = self.mbarrier.alloc(counts=[1, 1])  # s_c is free for warpgroup 0, 1
-        self.tile_done = self.mbarrier.alloc(counts=[2])  # the ablation's: both consumers have stored their rows
         if self.cluster_m > 1:
             self.cluster.sync()  # a peer may signal our barriers only once they are initialised
             rank: int32 = self.cluster.blockRank
@@ -341,13 +302,9 @@ class HopperMatmulV5(tilus.Script):
 
     def producer(self, k_trips: int32):
         """The TMA warp: every K step of every unit of this block, as far ahead as the ring allows."""
-        producer_threads = 128 if self.register_split else 32
-        with self.thread_group(thread_begin=256, num_threads=producer_threads):
-            if self.register_split:
-                setmaxnreg(40, "dec")  # the producer warpgroup gives registers to the consumers
-            with self.thread_group(thread_begin=0, num_threads=32):  # producer: the TMA warp
-                self.pipe.producer_start()
-                self.load_units(k_trips)
+        with self.thread_group(thread_begin=256, num_threads=32):  # producer: the TMA warp
+            self.pipe.producer_start()
+            self.load_units(k_trips)
 
     def load_units(self, k_trips: int32):
         """Tile after tile with nothing in between: the next tile's loads overlap the last one's epilogue."""
@@ -384,8 +341,6 @@ class HopperMatmulV5(tilus.Script):
     def consumer(self, warpgroup: int, k_trips: int32):
         """One consumer warpgroup: its rows of every unit's tile, the K loop then the epilogue."""
         with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
-            if self.register_split:
-                setmaxnreg(232, "inc")
             self.pipe.consumer_start()
             c_phase: uint32 = 1 - warpgroup  # warpgroup 0 writes s_c first
             for unit in self.scheduler.units():
@@ -439,43 +394,6 @@ class HopperMatmulV5(tilus.Script):
     def release_s_c(self, warpgroup: int):
         """Hand s_c to the other warpgroup; this one goes on to its next tile at once."""
         self.mbarrier.arrive(self.s_c_free[1 - warpgroup])
-
-    # The ablation's variants (docs/ablation.py), each swapped in by __init__ for the method above it.
-
-    def load_units_after_stores(self, k_trips: int32):
-        """overlap_epilogue=False: before each tile but the first, wait until both consumers stored the last."""
-        done_phase: uint32 = 0
-        for unit in self.scheduler.units():
-            tile_m, tile_n = self.scheduler.tile(unit)
-            if unit != self.scheduler.first_unit:
-                self.mbarrier.wait(self.tile_done, phase=done_phase)
-                done_phase ^= 1
-            self.load_tile(tile_m, tile_n, k_trips)
-
-    def release_s_c_and_signal_producer(self, warpgroup: int):
-        """overlap_epilogue=False: hand s_c on, and tell the producer this warpgroup's rows are stored."""
-        self.mbarrier.arrive(self.s_c_free[1 - warpgroup])
-        self.mbarrier.arrive(self.tile_done)
-
-    def output_tile_row_major(self):
-        """swizzled_store=False: v4's output tile, row-major, one TMA box."""
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.consumer_m, self.block_n])
-        self.annotate_layout(s_c, shared_row_major(self.consumer_m, self.block_n))
-        return s_c
-
-    def epilogue_row_major(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
-        """swizzled_store=False: v4's row-major s_c (8-way bank conflicts on every stmatrix), one TMA store."""
-        offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
-        offset_n = self.block_n * tile_n
-        self.store_shared(self.s_c, acc.to(self.dtype))
-        self.fence.proxy_async(space="shared")
-        self.sync()
-        with self.single_warp():
-            self.tma.shared_to_global(self.s_c, self.g_c, offsets=[offset_m, offset_n], dims=[0, 1])
-            self.tma.commit_group()
-            self.tma.wait_group(n=0, read=True)
-            with self.single_thread():
-                self.release_s_c(warpgroup)
 
 
 KERNELS = {"blackwell": BlackwellMatmulV5, "hopper": HopperMatmulV5}

@@ -1,86 +1,37 @@
-"""v6: every SM busy on every shape: stream-K, an exact K tail, and decode schedules.
+"""v6: stream-K, a fix-up that gives the same bits every run, an exact K tail, decode schedules.
 
-What changed from v5, and why. v5 gives each SM whole tiles, and every tile the whole of
-K. Where the tiles do not divide into whole waves, or are fewer than the SMs, that leaves
-SMs idle; v6 cuts the work along K as well, so that every SM gets the same number of K
-blocks. The kernels' K loop, MMA and stores are v5's.
+What changed from v5, and why. v5 gives each SM whole tiles, each with the whole of K:
+where the tiles do not fill whole waves, or are fewer than the SMs, SMs sit idle. v6 cuts
+the work along K as well, so that every SM gets the same number of K blocks.
 
-1. Stream-K for the last wave (``StreamKTileScheduler`` in schedulers.py; Osama et al.,
-   "Stream-K", 2023, and CUTLASS's sm90 stream-K tile scheduler). 4096^3 in 128 x 256
-   tiles is 16 x 32 = 512 tiles on 132 SMs: 3 whole waves (396 tiles) and 116 tiles in a
-   fourth, during which 16 SMs wait: 512 / (4 x 132) = 97% of the machine busy at best.
-   Stream-K runs all but the last whole wave data-parallel and deals the rest out as 132
-   equal ranges of K blocks, one per SM, so every SM ends within one K block of the
-   others. At 128 x 128 (128 x 256 needs more registers: 7. below) that is 1024
-   tiles, 6 waves data-parallel, then 232 tiles of 64 K blocks = 14848 blocks, 112 or 113
-   per SM. A tile whose K blocks fall in several ranges is finished by the SM holding its
-   last block (its *owner*), which adds the others' fp32 partial sums from a workspace in
-   global memory before it stores the tile. With fewer tiles than SMs (skinny and decode
-   shapes) every tile is stream-K, a split-K whose splits are as even as the K blocks allow
-   (128 x 8192 x 8192 in 128 x 128 tiles: 64 tiles, 8192 K blocks, 64 on each of 128 SMs
-   instead of 128 on 64; no range is shorter than half a tile, so at most three SMs share
-   one, 2 below), and a stream-K schedule launches a block on every SM.
-2. A deterministic fix-up. The partial sums are added in a fixed order, lowest SM's range
-   first, not in the order they arrive: fp32 addition is not associative, and a sum whose
-   order depends on timing changes in the last bits from run to run. Each partial has its
-   own slot and a ready flag (``release_semaphore`` after the slot is written, one
-   ``st.release.gpu``; the owner spins with ``lock_semaphore``, ``ld.acquire.gpu``, then
-   sets the flag back to 0 for the next launch). An owner waits only on SMs with lower
-   numbers (CUDA promises no start order, but a grid of at most one block per SM is all
-   resident unless another kernel holds SMs), and it computes its own piece last: where
-   ranges are longer than a tile, theirs are long written by then. The others never wait.
-   A tile is shared by at most MAX_SHARERS = 3 SMs, so the owner's reads are written out,
-   not looped. The workspace (a flag and a 64 x 256 fp32 slot per consumer warpgroup per
-   SM, 17 MB on 132 SMs) is allocated once per GPU by the launch path.
-3. An exact K tail. v5 ran every tile in whole trips round the ring, padding K to a
-   multiple of stages x block_k (K = 2056 with 4 stages of 64: 36 K blocks computed for 33
-   needed, 9% extra). A stream-K piece starts and ends anywhere, so v6's ring cursor runs
-   on from piece to piece and each piece loads exactly its K blocks, the last one partial
-   where 64 does not divide K (TMA fills the columns past K with zeros). Slots are then
-   indexed at run time, no longer by constants of an unrolled loop.
-4. Decode schedules (M <= 64). wgmma's M is 64 per warpgroup, so at M = 16 a 128-row tile
-   computes 112 rows of zeros. Swapping the operands (``swap_ab``: C^T = B A^T) puts the
-   weights on wgmma's M and the caller's M on its N, which may be 8 to 256: a 128 x 16 tile
-   of C^T wastes nothing at M = 16. The epilogue stores the tile transposed (on Hopper by
-   stmatrix .trans and TMA, on Blackwell from registers straight to C). Decode is
-   memory-bound: the weights are read once (1 x 14336 x 4096: 117 MB,
-   39 us at 3 TB/s, against 0.1 us of tensor work), so what matters is that every SM
-   streams its share of them: 112 tiles of 128 weight rows on 132 SMs leave 20 SMs idle,
-   stream-K gives each 1/132 of the K blocks.
-5. Wider K blocks for decode. A 64-column K block brings 128 B from each of 128 weight
-   rows, and at K = 14336 those rows are 28 KiB apart. On the H100 the same weights
-   streamed faster read 256 B a row at a time (docs/v6.md), so the decode tiles take 128
-   columns a K block: two TMA boxes of 64 per operand in each slot, since a box is at most
-   128 B wide under the 128-byte swizzle that wgmma and tcgen05 read without bank
-   conflicts. A slot is then 32 KiB of weights, and six or four slots fill shared memory:
-   128 x 16 x 128 takes 6 x (32 + 4) = 216 KiB, 128 x 64 x 128 takes 4 x (32 + 16) = 192.
-6. 64-row decode tiles (Hopper). N = 4096 weight rows make 32 tiles of 128 rows: 32 SMs
-   stream the weights data-parallel, 64 with stream-K (ranges of at least half a tile, 2).
-   A tile of 64 rows is one consumer warpgroup's (wgmma's M): 64 tiles, and stream-K
-   spreads 64 x 112 = 7168 K blocks of 128 columns (K = 14336) over 128 SMs, 56 each, as
-   many CTAs as cuBLAS's split-K decode kernel (docs/v6.md). A slot is 16 KiB of weights,
-   so more fit: 64 x 16 x 128 takes 10 x (16 + 4) = 200 KiB, 64 x 64 x 128 takes
-   6 x (16 + 16) = 192. The Blackwell kernel keeps its 128-row tiles: tilus 0.2.0's
-   tcgen05.mma takes M = 128 only, for one CTA.
-7. Stream-K with 128 x 256 (Hopper). The fix-up adds a 64 x 256 fp32 sum, 128 registers a
-   thread, to an accumulator as large, and the 9-warp kernel has 168 registers a thread,
-   not 65,536 / 288 = 227: an SM's register file is four of 16,384, one per sub-partition,
-   warps are dealt to them in turn, and one gets 3 of the 9 (16,384 / 96 = 170, rounded
-   down to 168). The data-parallel 128 x 256 uses 166 already. Two changes make room. The
-   owner starts its accumulator from its sharer's sum instead of adding it after the K
-   loop, so there is no second tensor; the sum must then be ready when the owner's piece
-   starts, so these schedules give each range at least a unit's K blocks (two sharers at
-   most): the sharer computes its piece first, and the owner its own last, a unit or more
-   later. And v5's register split: a producer warpgroup of 4 warps keeps 40 registers, and
-   each consumer thread gets 232 (2 x 232 + 40 = 504 of a sub-partition's 512 per lane).
+1. Stream-K for the last waves (StreamKTileScheduler in schedulers.py; Osama et al.,
+   "Stream-K", 2023, and CUTLASS's sm90 stream-K tile scheduler): all but the last whole
+   wave data-parallel, the rest cut into equal ranges of K blocks, one per SM. 4096^3 in
+   128 x 256 tiles: 264 tiles whole, then 248 x 64 = 15,872 K blocks, 120 or 121 per SM,
+   ending at 2 + 121 / 64 = 3.89 tile times where v5 takes 4.
+2. A fix-up in a fixed order. A sharer (a worker whose piece ends before its tile's last K
+   block) leaves its fp32 sum in a workspace slot and sets a flag (st.release.gpu); the
+   owner (holding the last K block) waits for it (ld.acquire.gpu) and adds at most
+   MAX_SHARERS = 2 sums, lowest worker first: the same bits every run. The workspace,
+   2 x 132 x 64 x 256 x 4 B = 17.3 MB on an H100, is allocated once per GPU.
+3. An exact K tail: the ring's cursors run on from piece to piece, and each piece loads
+   exactly its K blocks: 33 steps at K = 2056, where v5's whole trips ran 36 or 40.
+4. Swapped operands for decode (swap_ab: C^T = B A^T): the weights on wgmma's M, the
+   caller's M <= 64 on its N; the epilogue stores the tile transposed.
+5. 128-column K blocks for decode: two TMA boxes of 64 columns (the widest the 128-byte
+   swizzle takes) per operand a slot, so a slot reads 256 B of each weight row;
+   128 x 16 x 128 in 6 x (32 + 4) = 216 KiB, 128 x 64 x 128 in 4 x (32 + 16) = 192 KiB.
+6. 64-row decode tiles, one consumer warpgroup (Hopper): twice the units, so at N = 4096
+   stream-K spreads the weights over 128 SMs, not 64; 10 x (16 + 4) = 200 KiB. Blackwell
+   keeps 128 rows: tilus 0.2.0's tcgen05.mma takes M = 128 only.
+7. Stream-K at 128 x 256 (Hopper): the owner starts from its one sharer's sum
+   (max_sharers = 1: ranges of at least a unit), and a producer warpgroup gives registers
+   to the consumers (setmaxnreg 40 and 232: 128 x 40 + 256 x 232 = 64,512 of 65,536).
 
-The tuner picks the tile, stream_k on or off, and swap_ab per size bucket, all shown in
-the schedule string. What it picked on the H100 is in the results tables and docs/v6.md:
-at the square, LLM-like and few-tile sizes v5's 128 x 256 or 128 x 224 tile without
-stream-K (v6 is v5 there, with the exact K tail) except at the largest squares, where the
-128 x 256 with stream-K (7.) was picked; on decode shapes the swapped tiles with
-128-column K blocks, 64 rows or 128, with or without stream-K as the shape has it.
+The tuner picks the tile, stream_k and swap_ab per size bucket; the schedule string shows
+them.
 
+Walkthrough: docs/v6.md, docs/v6-decode.md, docs/v6-register-split.md
 Constraints as in v1. Run: python matmul_v6.py [--sizes ...] [--check-only] [--compile-only]
 """
 
@@ -285,13 +236,13 @@ class BlackwellMatmulV6(tilus.Script):
 
     def wait_for_sharers(self, first: int32):
         """The owner's fix-up, 1: wait until every lower sharer of the tile has left its sum."""
-        for sharer in range(MAX_SHARERS - 1):
+        for sharer in range(MAX_SHARERS):
             if first + sharer < self.scheduler.worker:
                 self.lock_semaphore(self.g_flags[first + sharer].item_ptr(), 1)
 
     def add_partials(self, r_acc: RegisterTensor, first: int32, e_offset_n: int32):
         """2: add their sums of these columns, lowest worker first (a fixed order: the same bits every run)."""
-        for sharer in range(MAX_SHARERS - 1):
+        for sharer in range(MAX_SHARERS):
             if first + sharer < self.scheduler.worker:
                 partial = self.load_global(self.g_partials, offsets=[(first + sharer) * self.block_m, e_offset_n],
                                            shape=[self.block_m, self.e_block_n])
@@ -299,7 +250,7 @@ class BlackwellMatmulV6(tilus.Script):
 
     def reset_flags(self, first: int32):
         """3: their flags back to 0 for the next launch."""
-        for sharer in range(MAX_SHARERS - 1):
+        for sharer in range(MAX_SHARERS):
             if first + sharer < self.scheduler.worker:
                 self.release_semaphore(self.g_flags[first + sharer].item_ptr(), 0)
 
@@ -334,8 +285,8 @@ class BlackwellMatmulV6(tilus.Script):
 # boxes each, and as many stages as shared memory holds: see 5 above).
 # stream_k is on or off per schedule, and the tuner picks. With 128 x 256 only in clusters of
 # two (7. above; alone it ranked far behind at every size tried) and not with 128 x 224:
-# the partial loaded beside a 64 x 224 accumulator is 2 x 112 registers a thread, more than
-# even the register split's 232. group_m is 8 alone: v5's tuner
+# the partial loaded beside a 64 x 224 accumulator is 2 x 112 = 224 registers a thread, all
+# but 8 of even the register split's 232. group_m is 8 alone: v5's tuner
 # chose 8 at most shapes of more than one wave (16 or 32 at 16384 x 1024 x 4096 and
 # 16384^3), and with fewer units than SMs it is moot.
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
@@ -378,7 +329,7 @@ class HopperMatmulV6(tilus.Script):
         self.consumers = block_m // 64
         self.consumer_m = 64  # rows of the tile each consumer warpgroup owns
         # 128 x 256 stream-K (7.): the owner starts from its one sharer's sum, and a producer
-        # warpgroup hands its registers to the consumers (setmaxnreg), as v5's register split
+        # warpgroup hands its registers to the consumers (setmaxnreg)
         self.owner_starts_from_partial = stream_k and block_n > 128
         self.register_split = self.owner_starts_from_partial
         self.k_boxes = block_k // BOX_K  # TMA boxes per operand per slot
@@ -445,7 +396,7 @@ class HopperMatmulV6(tilus.Script):
         # 1. this block's (this cluster's) pieces of work: whole tiles, then a stream-K range of K blocks
         self.scheduler = StreamKTileScheduler(
             num_units_m, num_n, num_units, cdiv(k_size, self.block_k), self.group_m, self.cluster_m, rank,
-            self.stream_k, 2 if self.owner_starts_from_partial else MAX_SHARERS,
+            self.stream_k, 1 if self.owner_starts_from_partial else MAX_SHARERS,
         )
 
         # 4. the K loop of every piece, one per role: the producer, each consumer
@@ -574,7 +525,7 @@ class HopperMatmulV6(tilus.Script):
 
     def end_piece(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32, k_begin: int32,
                   k_end: int32):
-        """A stream-K piece's end: its sum to the workspace, or the tile, with the other sharers' sums added, to C."""
+        """A stream-K piece's end: its sum to the workspace, or the tile, with its sharers' sums added, to C."""
         if k_end < self.scheduler.k_blocks:
             self.save_partial(warpgroup, acc)  # the tile's owner adds it
             with self.single_thread():
@@ -585,9 +536,9 @@ class HopperMatmulV6(tilus.Script):
             self.epilogue(warpgroup, acc, tile_m, tile_n)
 
     def add_partials(self, warpgroup: int, acc: RegisterTensor):
-        """The owner's fix-up: the sums of the tile's other sharers (at most MAX_SHARERS - 1), lowest worker first.
+        """The owner's fix-up: the sums of the tile's sharers (at most MAX_SHARERS), lowest worker first.
 
-        Written out for MAX_SHARERS = 3 rather than looped: here a load_global in a runtime
+        Written out for MAX_SHARERS = 2 rather than looped: here a load_global in a runtime
         loop does not build in tilus 0.2.0 (the Blackwell kernel's loop does). The first
         sharer always exists: a lower worker holds K block 0.
         """

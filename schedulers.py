@@ -90,7 +90,7 @@ class PersistentTileScheduler(GroupedTileOrder, tilus.Class):
         return unit_m * self.cluster_m + self.rank, tile_n
 
 
-MAX_SHARERS = 3  # workers that may share a stream-K unit: its owner and up to 2 whose sums it adds
+MAX_SHARERS = 2  # sharers of a stream-K unit whose sums its owner adds (the owner is not one of them)
 
 
 class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
@@ -101,18 +101,17 @@ class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
     units w, w + workers, ... The rest, the last partial wave plus one whole wave, is seen as
     one run of K blocks, ``k_blocks`` per unit, cut into ``sk_workers`` equal ranges (one
     per worker, unless the cap below binds): worker w computes K blocks
-    [w * I // sk_workers, (w + 1) * I // sk_workers) of it, I = sk_units x k_blocks. With
+    [w * I // sk_workers, (w + 1) * I // sk_workers) of it, I = ``sk_blocks``. With
     fewer units than workers every unit is stream-K: a split-K whose pieces are as even as
     the K blocks allow. Without ``stream_k`` every unit is data-parallel.
 
-    A tile may be shared by at most ``MAX_SHARERS`` workers, so stream-K uses only as many
-    workers as give each a range of at least k_blocks / (MAX_SHARERS - 1) K blocks, half a
-    unit (decode, 64 x 4096 x 14336 in v6's 128 x 64 tiles with 128-column K blocks: 32
-    tiles of 112 K blocks go to 64 workers of 56, not 132 of 27 or 28). Three rather than
-    five: with ranges of a quarter of a unit (MAX_SHARERS = 5), the same decode shape
-    streamed its weights more slowly on the H100, each weight row read at four places at
-    once rather than two (docs/v6.md). ``max_sharers = 2`` (ranges of at least a unit) is
-    for a kernel whose owner starts from its one sharer's sum (v6's Hopper 128 x 256).
+    A unit's owner adds the sums of at most ``max_sharers`` sharers, so stream-K uses only as
+    many workers as give each a range of at least k_blocks / max_sharers K blocks: with
+    ``MAX_SHARERS = 2``, half a unit (decode, 64 x 4096 x 14336 in v6's 128 x 64 tiles with
+    128-column K blocks: 32 tiles of 112 K blocks go to 64 workers of 56, not 132 of 27 or
+    28), so each weight row is read at two places at once, not more (docs/v6-decode.md).
+    ``max_sharers = 1`` (ranges of at least a unit) is for a kernel whose owner starts from
+    its one sharer's sum (v6's Hopper 128 x 256).
     A range crosses units, so a worker's stream-K work is a run of pieces, each
     (unit, k_begin, k_end) in K blocks:
 
@@ -151,8 +150,8 @@ class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
                 dp_units = if_then_else(num_units >= self.workers, (num_units // self.workers - 1) * self.workers, 0)
         self.dp_units = dp_units
         self.sk_blocks = (num_units - dp_units) * k_blocks
-        # ranges of at least k_blocks / (max_sharers - 1) K blocks: a unit then meets at most max_sharers of them
-        most = self.sk_blocks // cdiv(k_blocks, max_sharers - 1)
+        # ranges of at least k_blocks / max_sharers K blocks: a unit then has its owner and at most max_sharers sharers
+        most = self.sk_blocks // cdiv(k_blocks, max_sharers)
         self.sk_workers = if_then_else(most < self.workers, if_then_else(most > 0, most, 1), self.workers)
         self.sk_begin = if_then_else(self.worker < self.sk_workers, self.worker * self.sk_blocks // self.sk_workers,
                                      self.sk_blocks)

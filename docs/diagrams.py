@@ -43,9 +43,8 @@ PRODUCER_INITIAL_PHASE, CONSUMER_INITIAL_PHASE = 1, 0
 # thread of both consumer warpgroups arrives after wait_group(1)); 128 x 256 tiles take 2 or
 # 3 slots of 48 KiB (the diagram draws 3)
 V3_WARPS, V3_PRODUCER_THREAD, V3_EMPTY_COUNT, V3_STAGES = 9, 256, 256, 3
-# HopperMatmulV5 at its 128 x 256 schedule: a ring of 4, 9 warps (12 with the register
-# split, measured and not kept), empty count 2 warpgroups x cluster_m CTAs, s_c_free[0..1]
-# of count 1 each, tile_done of count 2 (only for overlap_epilogue=False)
+# HopperMatmulV5 at its 128 x 256 schedule: a ring of 4, 9 warps, empty count 2 warpgroups x
+# cluster_m CTAs, s_c_free[0..1] of count 1 each
 V5_STAGES, V5_WARPS, V5_CLUSTER = 4, 9, 2
 V5_EMPTY_COUNT = 2 * V5_CLUSTER
 BLOCK_M, BLOCK_N, BLOCK_K = 128, 256, 64  # v3's and v5's Hopper tile, fp16
@@ -380,8 +379,7 @@ def draw_roles_v5(path):
                                  "which share B: each loads one half and multicasts it into both."),
             fontsize=7.5, color=DARK, va="center")
     ax.text(0.25, height - 0.72, ("The two consumer warpgroups take turns with one output tile: one stores while the "
-                                  "other multiplies the next tile. Not drawn: tile_done (only with "
-                                  "overlap_epilogue=False)."), fontsize=7.5, color=DARK, va="center")
+                                  "other multiplies the next tile."), fontsize=7.5, color=DARK, va="center")
     fig.legend(handles=ROLE_LEGEND + [mpatches.Patch(facecolor=PURPLE, label="across the cluster")],
                loc="center left", ncol=5, frameon=False, fontsize=7,
                bbox_to_anchor=(0.015, (height - 0.97) / height), handlelength=1.2)

@@ -340,9 +340,10 @@ def schedule_v5_hopper(tiles=V5_TILES, steps=V5_STEPS, stages=V5_STAGES, tile=V5
     releases its last slot after wait_group(0), and then takes its turn with the one
     output tile s_c: warpgroup 0 first; each writes its rows (EPILOGUE_WRITE), fences and
     syncs, issues the TMA store, waits until the TMA engine has read s_c and arrives on the
-    other warpgroup's s_c_free. With overlap (overlap_epilogue=True) a warpgroup goes on to
-    its next tile at once; without, the producer waits on tile_done, on which both
-    warpgroups arrive after their store, before it loads the next tile.
+    other warpgroup's s_c_free. With overlap (v5) a warpgroup goes on to its next tile at
+    once; without (docs/ablation.py's EpilogueNotOverlappedV5), the producer waits until
+    both warpgroups have stored the last tile (the model's "tile_done") before it loads the
+    next one.
     """
     assert steps % stages == 0, "v5 pads K to whole trips round the ring"
     cycles = mma_cycles(tile[0] // 2, tile[1], 64)
@@ -584,9 +585,9 @@ def figures():
         ("timeline_v5", "v5 (Hopper): a persistent block; one warpgroup's epilogue under the other's MMAs",
          _constants_v5(),
          [(v5["overlap"], (PRODUCER, TMA, TC) + CONSUMERS,
-           "overlap_epilogue=True: warpgroup 0 multiplies the next tile while 1 stores"),
+           "v5: warpgroup 0 multiplies the next tile while 1 stores"),
           (v5["no overlap"], (PRODUCER, TMA, TC) + CONSUMERS,
-           "overlap_epilogue=False: the next tile's loads wait for both stores")]),
+           "EpilogueNotOverlappedV5: the next tile's loads wait for both stores")]),
     )
 
 

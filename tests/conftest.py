@@ -7,6 +7,9 @@ import pytest
 from support import build, cache, gpu
 
 VERSIONS = sorted(path.stem for path in cache.REPO.glob("matmul_v*.py"))
+# v6's stream-K 128 x 256 in clusters of two: the schedule with the producer/consumer register split
+REGISTER_SPLIT_SCHEDULE = dict(block_m=128, block_n=256, block_k=64, stages=4, group_m=8, cluster_m=2, swap_ab=False,
+                               stream_k=True)
 ARCHS = sorted(gpu.ARCHS)
 
 

@@ -243,8 +243,8 @@ print("flags clean" if int(flags.abs().sum()) == 0 else "FLAGS LEFT SET")
 def test_stream_k_gives_every_k_block_to_one_worker_and_its_owner_the_sharers():
     # v6's StreamKTileScheduler on grids below, at and past a whole number of waves, K blocks from
     # 1 to more than a tile's share: each K block of each tile goes to the worker the range
-    # arithmetic says; a tile's K blocks go to at most max_sharers consecutive workers (MAX_SHARERS,
-    # and 2 for Hopper's 128 x 256), and its owner (the worker with its last block) names the lowest
+    # arithmetic says; a tile's K blocks go to its owner (the worker with its last block) and at most
+    # max_sharers consecutive sharers below it (MAX_SHARERS, and 1 for Hopper's 128 x 256), and the owner names the lowest
     output = run_probe("""
 import torch, probe_kernels
 from schedulers import MAX_SHARERS
@@ -255,7 +255,7 @@ def expected(num_m, num_n, k_blocks, workers, max_sharers):
     units = num_m * num_n
     dp = units if units % workers == 0 else max(units // workers - 1, 0) * workers
     blocks = (units - dp) * k_blocks
-    used = max(min(workers, blocks // -(-k_blocks // (max_sharers - 1))), 1)
+    used = max(min(workers, blocks // -(-k_blocks // max_sharers)), 1)
     owner = {}
     for w in range(workers):
         for unit in range(w, dp, workers):
@@ -264,7 +264,7 @@ def expected(num_m, num_n, k_blocks, workers, max_sharers):
         for i in range(w * blocks // used, (w + 1) * blocks // used):
             owner[dp + i // k_blocks, i % k_blocks] = w
     return owner
-for max_sharers in (2, MAX_SHARERS):
+for max_sharers in (1, MAX_SHARERS):
     jit = probe_kernels.StreamKProbe(8, max_sharers)
     for num_m, num_n, k_blocks, workers in [(1, 1, 1, 3), (4, 8, 224, 132), (4, 8, 3, 132), (16, 32, 64, 132),
                                             (17, 16, 33, 132), (8, 17, 7, 66), (1, 112, 64, 132), (24, 24, 5, 132)]:
@@ -277,10 +277,10 @@ for max_sharers in (2, MAX_SHARERS):
         ok = True
         for unit, (m, n) in enumerate(raster.grouped_order(num_m, num_n, 8)):
             held = [cover[m][n][k] for k in range(k_blocks)]
-            sharers = sorted(set(held))
-            ok = ok and held == [owner[unit, k] for k in range(k_blocks)] and len(sharers) <= max_sharers
-            ok = ok and sharers == list(range(sharers[0], sharers[-1] + 1))
-            ok = ok and first[m][n] == (sharers[0] if len(sharers) > 1 else -1)
+            holders = sorted(set(held))  # the owner and its sharers
+            ok = ok and held == [owner[unit, k] for k in range(k_blocks)] and len(holders) <= max_sharers + 1
+            ok = ok and holders == list(range(holders[0], holders[-1] + 1))
+            ok = ok and first[m][n] == (holders[0] if len(holders) > 1 else -1)
         print(max_sharers, num_m, num_n, k_blocks, workers, "ok" if ok else "WRONG")
 """)
     assert "WRONG" not in output and output.count("ok") == 16, output

@@ -1,40 +1,36 @@
 """v1: one warp (Blackwell) or one warpgroup (Hopper) loads a tile, waits, multiplies, waits.
 
 C = A @ B.T with A (M x K), B (N x K), C (M x N) all fp16 or all bf16, and fp32
-accumulation. Each thread block owns one block_m x block_n tile of C and walks K in steps of block_k:
+accumulation. Each thread block owns one block_m x block_n tile of C and walks K in steps
+of block_k:
 
     TMA load A[block_m, block_k] and B[block_n, block_k] into shared memory
     wait on an mbarrier until the TMA engine reports all bytes arrived
     tensor-core MMA into the accumulator, and wait for it to finish
     (repeat), then the epilogue writes the accumulator to C in C's dtype
 
-Nothing overlaps inside a block: while the TMA engine fetches, the tensor cores idle, and
-while they multiply, no load is in flight. The arithmetic for block 128 x 128 x 64:
+Against a textbook CUDA GEMM (every thread copies tiles, then FMAs or mma.sync), the TMA
+engine moves the tiles and the edges (it zero-fills reads and drops writes past them), an
+mbarrier counts the bytes, and wgmma (Hopper: accumulator in one warpgroup's registers) or
+tcgen05.mma (Blackwell: accumulator in tensor memory) multiplies whole tiles from shared
+memory. A proxy fence orders the epilogue's shared-memory stores before the TMA store.
 
-    bytes per K step   (128 + 128) * 64 * 2 B          = 32 KiB of shared memory
-    work per K step    2 * 128 * 128 * 64               = 2.1 MFLOP
-    tensor-core time   2.1 MFLOP / ~4096 FLOP/cycle/SM  = ~512 cycles
-                       (H100: 989 TFLOPS / (132 SMs * 1.83e9 cycles/s) = 4094 FLOP/cycle/SM)
-    load latency       a TMA round trip to L2/HBM, ~1 us = ~1800 cycles
-                       (1e-6 s * 1.83e9 cycles/s = 1830)
+Nothing overlaps inside a block. For 128 x 128 x 64 (a model, H100 numbers):
 
-so one block alone keeps its SM's tensor cores busy about a fifth of the time: 512 /
-(1800 + 512) = ~22%. What v1 gets beyond that comes from several blocks sharing an SM and
-taking turns: 32 KiB of shared memory per block (33 KiB with the 1 KiB the driver reserves
-per block) would allow 6 in 228 KiB, but the Hopper accumulator (128 x 128 fp32 over 128
-threads = 128 registers per thread) limits residency to about 3.
-v2 overlaps loads and MMAs inside one block.
+    tensor-core time   2 * 128 * 128 * 64 FLOP / 4096 FLOP/cycle/SM = 512 cycles
+    load latency       a TMA round trip, ~1 us = ~1800 cycles at 1.83 GHz
+                       (989 TFLOPS / (132 SMs * 4096 FLOP/cycle) = 1.83 GHz)
 
-Hopper and Blackwell differ in where the accumulator lives: wgmma accumulates in the
-registers of the issuing warpgroup, tcgen05.mma in tensor memory (TMEM), which a single
-thread issues for and which the epilogue copies out through registers.
+so one block keeps its SM's tensor cores busy at most 512 / (1800 + 512) = 22% of the
+time. Several blocks share an SM and take turns: on Hopper 32 KiB of tiles would let 6 fit
+(228 KiB / 33.1 KiB), but 154 registers a thread (allocated as 160) over 128 threads let
+only 3 (65,536 / 20,480). v2 overlaps loads and MMAs inside one block.
 
 Constraints (checked by support/checks.py): fp16 or bf16, one dtype for A, B and C,
-contiguous, K and N multiples of 8 (TMA needs 16-byte row strides); any M, N, K
-otherwise: TMA fills out-of-range reads with zeros and drops out-of-range writes, so
-ragged edges need no special code.
+contiguous, K and N multiples of 8 (TMA needs 16-byte row strides).
 
 Run: python matmul_v1.py [--sizes 4096 8192 1000x1016x1024] [--check-only] [--compile-only]
+Walkthrough: docs/v1.md
 """
 
 import sys

@@ -8,38 +8,36 @@ v2 keeps `stages` slots of A and B tiles in shared memory, each with its own mba
                slot any more, issue the load for a later K step into it
 
 so while the tensor cores work on step i, the TMA engine is already fetching the next
-steps. Each mbarrier completes once per trip around the ring; its phase bit alternates
-0, 1, 0, ... and a waiter passes once the phase it names has completed, so the code keeps
-`phase` next to `stage` and flips it whenever `stage` wraps to 0.
+steps. Each mbarrier completes once per trip round the ring, so the phase it completes
+alternates 0, 1, 0, ... per trip: the code keeps `phase` next to `stage` and flips it
+whenever `stage` wraps to 0.
 
 The two GPUs differ in when a slot is free again:
 - Blackwell: one warp issues everything; after each tcgen05.mma it commits to an mbarrier
   and waits for it, so at most one MMA is in flight and the slot it read is free at once.
+  The prologue fills all `stages` slots.
 - Hopper: the warpgroup keeps one wgmma group in flight: after committing step i it waits
-  (wait_group(1)) only for step i - 1, then refills that slot. A wgmma is one operation of
-  the whole warpgroup, so when wait_group returns in the refilling warp, step i - 1 has
-  finished reading its slot for all four warps: no barrier is needed (docs/v0.md, "When is
-  a slot free?").
+  (wait_group(1)) only for step i - 1, then refills that slot, with no block sync: a wgmma
+  is one operation of the whole warpgroup (docs/v0.md, "When is a slot free?"). The
+  prologue fills `stages - 1` slots.
 
-Shared-memory budget (227 KiB per block) for block_k = 64:
+Shared memory (227 KiB a block, 228 KiB an SM with 1 KiB reserved per block), block_k = 64:
 
-    slot bytes   (block_m + block_n) * 64 * 2 B:  128 x 128 -> 32 KiB, 128 x 256 -> 48 KiB
-    Hopper       stages * 32 KiB: 2 slots = 64 KiB (3 blocks per SM), 3 = 96 KiB (2 per SM),
-                 4..6 = 128..192 KiB (1 per SM)
-    Blackwell    stages * 48 KiB + 8 KiB epilogue tile: at most 4 slots for 128 x 256
+    slot         (block_m + block_n) * 64 * 2 B: 128 x 128 -> 32 KiB, 128 x 256 -> 48 KiB
+    Hopper       128 x 128: 2 slots = 64 KiB (3 blocks per SM), 3 = 96 KiB (2), 4 or 6 (1);
+                 the output tile reuses the slots
+    Blackwell    128 x 256: 4 slots + the 8 KiB epilogue tile = 200 KiB; 5 would be 248
 
-More slots hide more latency but leave fewer blocks per SM to hide each other's epilogues;
-the autotuner picks. With a load ~1800 cycles away (~1 us at 1.83 GHz, see v1) and a
-128 x 128 x 64 step taking ~512 tensor-core cycles, 1800 / 512 = ~3.5 steps must be
-loading while one is multiplied: one block on its own would need a ring of about 5 slots
-(docs/timeline.py models both kernels); with fewer, other blocks on the SM fill the gaps.
+With a load ~1800 cycles away and a 128 x 128 x 64 step taking 512 tensor-core cycles (the
+model of docs/v1.md), a slot comes round at most once every 1800 + 512 cycles: one block
+alone would need (1800 + 512) / 512 = 4.5, so 5 slots; with fewer, other blocks on the SM
+fill the gaps. The autotuner weighs deeper rings against more blocks per SM.
 
-What remains: on Blackwell the single warp still waits for each MMA before the next; on
-Hopper the same warps that multiply also issue the loads, so a load is issued only between
-two MMAs.
-v3 gives loading and multiplying to different warps.
+What remains: the warps that multiply also issue the loads (on Blackwell, only after each
+MMA is waited for). v3 gives loading and multiplying to different warps.
 
 Constraints as in v1. Run: python matmul_v2.py [--sizes ...] [--check-only] [--compile-only]
+Walkthrough: docs/v2.md
 """
 
 import sys

@@ -1,56 +1,39 @@
-"""v3: warp specialisation. A producer warp loads, a consumer multiplies; barriers connect them.
+"""v3: warp specialisation. A producer warp loads, consumers multiply; barriers connect them.
 
-In v2 one warp (Blackwell) or one warpgroup (Hopper) did both jobs, so each job waited for
-the other: the Blackwell warp waited for every MMA before it could issue the next load and
-MMA, the Hopper warpgroup could issue a refill only between two of its own MMAs.
-v3 gives each job its own warps, each running its own loop over K:
+In v2 the warps that multiply also load: the Blackwell warp waits for every MMA before its
+next load and MMA, the Hopper warpgroup refills only between two of its wgmmas. v3 gives
+each job its own warps, each running its own loop over K:
 
     producer (one warp)     for each K step: wait until slot `stage` is empty,
                             announce the bytes on full_barriers[stage], issue the TMA loads
     consumer (MMA warps)    for each K step: wait until slot `stage` is full, multiply,
                             then mark the slot empty again on empty_barriers[stage]
 
-Each slot has a pair of mbarriers. All barriers start in phase 0, and a wait for phase p
-passes once phase p has completed. The consumer starts waiting for phase 0 of
-full_barriers, which blocks until the first load lands. The producer starts waiting for
-phase 1 of empty_barriers; as far as a waiter can tell, "phase 1" completed before the
-barrier started, so the producer's first trip round the ring passes at once: every slot
-starts empty. Both sides flip their phase whenever their stage index wraps to 0.
+Every barrier starts in phase 0. The consumer waits for phase 0 of full_barriers, which
+blocks until the first load lands; the producer waits for phase 1 of empty_barriers,
+which to a waiter completed before the barrier began, so its first trip round the ring
+passes at once: every slot starts empty. Each side flips its phase when its stage wraps.
 
-How the consumer frees a slot differs:
-- Blackwell: one MMA warp issues tcgen05.mma and then tcgen05.commit(empty_barriers[stage]),
-  which makes the hardware arrive on that barrier when the MMA has finished reading the
-  slot. The warp does not wait, so MMAs queue back to back. After the last one, a flush
+Freeing a slot:
+- Blackwell: tcgen05.commit(empty_barriers[stage]) makes the tensor core arrive once the
+  MMA has finished; the MMA warp does not wait, so MMAs queue back to back. A flush
   barrier (one more commit, then a wait) proves every MMA finished before TMEM is read.
-- Hopper: each consumer warpgroup keeps one wgmma group in flight. After committing step
-  i, wgmma.wait_group(1) proves step i - 1 finished, for the whole warpgroup (a wgmma is
-  one operation of all four warps), and its threads arrive on empty_barriers of step
-  i - 1's slot. One arrival per warpgroup would do, but branching to one thread inside the
-  loop makes ptxas serialise the wgmmas (C7515; much slower at 4096^3 in an A/B on the
-  H100, recorded in docs/v0.md, "When is a slot free?"), so all 128 arrive.
-  wait_group(0) after the loop is Hopper's flush barrier: the accumulator registers are
-  final only after it.
+- Hopper: each consumer warpgroup keeps one wgmma group in flight; once wait_group(1)
+  proves step i - 1 finished, all 128 threads arrive on that step's empty barrier (count
+  2 x 128). One arrival per warpgroup would do, but branching to one thread in the loop
+  makes ptxas serialise the wgmmas (warning C7515, which tests/test_build.py refuses).
+  wait_group(0) after the loop is the flush.
 
-On Hopper the producer feeds two consumer warpgroups, which split each A slot by rows and
-both read the whole B slot (arrival count 2 x 128 on empty_barriers). One
-warpgroup's registers cap its tile: a 128 x 256 fp32 accumulator over 128 threads would
-take 256 registers each. Two consumers hold 64 x 256 each (128 registers), so the tile grows from
-128 x 128 to 128 x 256 and the bytes loaded per FLOP, (block_m + block_n) / (block_m *
-block_n) per K column, drop from 1/64 to 3/256. A producer that runs ahead on its own is
-what lets several consumers share one stream of loads; v2's single warpgroup could not.
-
-Warps: Blackwell keeps 4 (producer, MMA warp, and two more that join for the epilogue,
-which reads TMEM one row per thread). Hopper uses 9: consumer warpgroups on warps 0-3 and
-4-7 (a warpgroup starts at a warp index divisible by 4), the producer on warp 8. Shared
-memory is v2's ring, stages * (block_m + block_n) * block_k * 2 B, plus on Hopper each
-consumer's own output tile (2 x 32 KiB for 128 x 256): the consumers finish at different
-times, so neither may reuse the ring for its output while the other still reads it.
-
-What remains: the grid walks tiles row by row, so blocks running together share little
-of A and B in L2, and the ring bookkeeping is spelled out inline in every kernel. v4
-moves the ring into a Pipeline class and visits tiles in groups.
+Hopper: two consumer warpgroups split each A slot by rows and share the B slot. One
+warpgroup's 128 x 256 fp32 accumulator would take 256 registers a thread; split, each
+holds 64 x 256 (128 registers), and the bytes loaded per FLOP drop from 1/64 (128 x 128)
+to (128 + 256) / (128 x 256) = 3/256. 9 warps: consumers on warps 0-3 and 4-7, the
+producer on warp 8. Each consumer has its own output tile (the two finish at different
+times): 3 slots x 48 + 2 x 32 = 208 KiB at 128 x 256, 6 x 32 + 2 x 16 = 224 KiB at
+128 x 128. Blackwell keeps 4 warps: producer, MMA warp, and two more for the epilogue.
 
 Constraints as in v1. Run: python matmul_v3.py [--sizes ...] [--check-only] [--compile-only]
+Walkthrough: docs/v3.md
 """
 
 import sys
@@ -288,7 +271,7 @@ class HopperMatmulV3(tilus.Script):
             self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
             if previous_stage >= 0:
                 # every thread arrives: one per warpgroup would do, but branching to one thread
-                # here makes ptxas serialise the wgmmas (C7515), measured much slower (docs/v0.md)
+                # here makes ptxas serialise the wgmmas (C7515, docs/v3.md)
                 self.mbarrier.arrive(self.empty_barriers[previous_stage])
             previous_stage = stage
             stage = (stage + 1) % self.stages

@@ -1,66 +1,39 @@
 """v4: the ring becomes a Pipeline class, and blocks visit tiles in groups that share L2.
 
-Three changes from v3. What they are worth on an H100 is in the results tables (README.md,
-docs/index.md), v3 and v4 side by side; each A/B named below was timed in one process.
+Three changes from v3:
 
 1. pipeline.py. The barrier pairs, each side's stage index and phase, and the flip on
-   wrap move into ``Pipeline``; each side now reads as what it does (``producer_acquire``,
+   wrap move into ``Pipeline``; each side reads as what it does (``producer_acquire``,
    loads, ``producer_advance``; ``consumer_acquire``, MMA, ``consumer_release_*``,
    ``consumer_advance``). Hopper frees the slot of the step before once ``wait_group(1)``
-   proves its wgmma done (``consumer_release_previous``); Blackwell hands the slot to the
-   tensor core (``consumer_release_async``, a tcgen05.commit). Each role starts its own
-   cursor where its loop begins (``producer_start``, ``consumer_start``): the loop is
-   unrolled ``stages`` times, and a cursor known to be 0 there makes every slot index in
-   the unrolled body a constant. A first draft shared one cursor between the two Hopper
-   consumers; the second one's loop grew from 138 to 226 instructions per 3 steps and
-   the kernel ran slower than v3 in an A/B on the H100 (docs/v4.md, "Why each role
-   starts its own cursor").
+   proves its wgmma done, every consumer thread arriving as in v3; Blackwell hands the
+   slot to the tensor core (a tcgen05.commit). Each role starts its own cursor where its
+   loop begins (``producer_start``, ``consumer_start``): the loop is unrolled ``stages``
+   times, and a cursor known to be 0 there makes every slot index a constant.
 
-2. Grouped tile order. v3's 2-D grid started blocks tile row first: at 8192^3 (64 x 32
+2. Grouped tile order. v3's 2-D grid starts blocks tile row first: at 8192^3 (64 x 32
    tiles of 128 x 256) the 132 blocks in flight span all 64 tile rows, so each wave reads
-   all of A (128 MiB, more than the 50 MiB L2) from HBM again. v4 launches one dimension
-   and ``grouped_tile`` (``GroupedTileOrder`` in schedulers.py) maps block i to a tile so
-   that the blocks in flight cover a patch of group_m tile rows: with 16, a wave touches
-   32 MiB of A and 36 MiB of B (ceil(132 / 16) = 9 tile columns of 256 rows x 8192 x 2 B).
-   On 16384 x 1024 x 4096 (4 tile columns) v3 read A once
-   per column; grouped, the blocks sharing an A tile run together and A comes from HBM
-   once (the bytes: docs/v4.md's traffic table, from docs/raster.py; the time: the
-   results tables).
+   all of A (128 MiB) from HBM again. v4 launches one dimension, and ``grouped_tile``
+   (``GroupedTileOrder`` in schedulers.py) maps block i to a tile so that the blocks in
+   flight cover group_m tile rows: with 16, a wave touches 16 x 128 x 8192 x 2 B = 32 MiB
+   of A and ceil(132 / 16) = 9 tile columns, 36 MiB, of B (docs/raster.py's model).
 
-3. A tile space for every shape class.
-   - 128 x 256 with 4 stages instead of 3. A slot is refilled once its MMA finished and
-     must be full again stages - 1 steps later. A step, 2 consumers x 4 wgmma
-     m64n256k16, is 1024 tensor-core cycles, 0.56 us at 1.83 GHz: 3 stages leave a load
-     ~1.1 us, about what HBM takes under load, 4 leave ~1.7 us. The fourth 48 KiB slot
-     is paid for by the output: the two consumers share one 32 KiB tile and take turns
-     (warpgroup 1 waits on ``s_c_free``), 4 x 48 + 32 = 224 KiB of 227. On 2048 x 2048 x
-     8192, one wave of tiles, 4 stages measured faster than 3 in an A/B on the H100.
-   - 128 x 64 with 8 stages for skinny shapes: at M = 128, N = 8192 it launches 128
-     blocks where 128 x 256 launches 32. Each streams its slice of B from HBM with
-     little arithmetic per byte, so it needs bytes in flight (8 x 24 KiB), not FLOPs per
-     byte. On 128 x 8192 x 8192 the tuner picks it, and the results tables show the gain
-     over v3 there.
-   - 128 x 128 with 6 stages, v3's deep ring, for skinny and decode shapes where 128 x 256
-     tiles make less than a wave and 128 x 64 ones load A four times as often (without
-     it v4 trailed v3 on 256 x 14336 x 4096 and on decode shapes).
-   - v3's 128 x 256 with 3 stages and 128 x 128 with 4, kept beside the deeper rings:
-     without them v4 trailed v3 where v3's tuner had picked them (3000 x 5000 x 2056,
-     and decode shapes with N = 14336).
+3. A tile space for every shape class (Hopper):
+   - 128 x 256 with 4 stages: a step is 2 consumers x 4 wgmma m64n256k16 = 1024
+     tensor-core cycles, 0.56 us at 1.83 GHz, so 4 stages give a load 3 steps, 1.7 us.
+     The two consumers share one 32 KiB output tile in turns (``s_c_free``) to make
+     room: 4 x 48 + 32 = 224 KiB of the 227 a block may have.
+   - 128 x 64 with 8 stages for skinny shapes: at M = 128, N = 8192 it makes 128 blocks
+     where 128 x 256 makes 32; 8 x 24 + 8 = 200 KiB.
+   - v3's 128 x 128 with 6 and 4 stages and 128 x 256 with 3.
    - group_m 8, 16 or 32: the best patch depends on the shape.
-   128 x 128 with two blocks per SM and 256 x 128 were measured and lost on every shape
-   to one of these.
 
-The pick: tilus 0.2.0 times its candidates from idle clocks, five runs each; support/
-ranks them itself on a warm GPU (``dispatch.rank_schedules``) and hands tilus the winner.
-
-What remains: a block ends by storing its tile of C and waiting until the TMA engine has
-read it; only then can the next block start on that SM. At 4096^3 (512 tiles of 128 x 256
-for 132 SMs) most SMs pay that four times: with the TMA store left out (timing only, the
-output is then wrong) v4 closed much of its gap to cuBLAS in an A/B on the H100. v5 keeps
-blocks resident over many tiles and, on Hopper, overlaps the store of one tile with the
-main loop of the next.
+What remains: each block ends by storing its tile and waiting for the TMA engine to read
+it before the next block starts on that SM; at 4096^3 (512 tiles, 3 x 132 + 116) most SMs
+pay that four times. v5 keeps blocks resident over many tiles.
 
 Constraints as in v1. Run: python matmul_v4.py [--sizes ...] [--check-only] [--compile-only]
+Walkthrough: docs/v4.md
 """
 
 import sys
@@ -215,10 +188,9 @@ class BlackwellMatmulV4(GroupedTileOrder, tilus.Script):
 # 128 x 64 with 8 stages (8 x 24 + 8 = 200 KiB): four times the blocks for skinny shapes,
 # each with up to 192 KiB of loads in flight. 128 x 128 with 6 stages (6 x 32 + 16 =
 # 208 KiB): v3's deep-ring schedule, which serves skinny and decode shapes where 128 x 256
-# tiles make less than a wave and 128 x 64 ones load A four times. Two more of v3's
-# schedules, which its tuner picked where v4 without them measured slower: 128 x 256 with
-# 3 stages (one-wave and few-tile shapes: 2048 x 2048 x 8192, 3000 x 5000 x 2056) and
-# 128 x 128 with 4 (decode with N = 14336). block_k = 64 as on Blackwell.
+# tiles make less than a wave and 128 x 64 ones load A four times. v3's shallower rings
+# stay beside them, 128 x 256 with 3 stages (176 KiB) and 128 x 128 with 4 (144 KiB): no
+# one depth is best at every shape. block_k = 64 as on Blackwell.
 # group_m: the height of the patch of tiles in flight; the best one depends on the shape
 # (see the docstring).
 @tilus.autotune("block_m, block_n, stages",

@@ -15,7 +15,7 @@ burst runs (CUDA events, L2 flushed before each run, in rounds, as support/measu
 
     python docs/counters.py --run      on a Hopper GPU with ncu: writes results/<gpu>_counters.csv
                                        (about 3 minutes on a fresh H100, builds and tuning included)
-    python docs/counters.py --table    anywhere: rewrites the <!-- counters --> table in docs/index.md
+    python docs/counters.py --table    anywhere: rewrites the <!-- counters --> table in docs/results.md
                                        and the <!-- counters-line --> line of each page docs/vN.md
 
 ncu runs with ``--clock-control none``: the GPU keeps its own clocks, as in every other
@@ -40,7 +40,7 @@ sys.path[:0] = [str(REPO), str(DOCS)]  # the versions and support/ (repo root), 
 
 import raster  # after the path: the traffic model's tile orders live there
 
-PAGE = DOCS / "index.md"
+PAGE = DOCS / "results.md"
 BLOCK = re.compile(r"(<!-- counters (\S+) -->\n)(.*?)(<!-- /counters -->)", re.DOTALL)
 # one line near the top of each version's page: what it changed, its time against the version before, and why
 LINE = re.compile(r"(<!-- counters-line (\S+) (v\d+) -->\n)(.*?)(<!-- /counters-line -->)", re.DOTALL)
@@ -364,7 +364,7 @@ def version_line(rows: list[dict], version: str, size: str = LINE_SIZE) -> str:
     m, n, k = size.split("x")
     shape = f"{m}³" if m == n == k else f"{m} x {n} x {k}"
     head = (f"**Measured** ({row['gpu'].removeprefix('NVIDIA ')}, {row['dtype']}, {shape}, median of {row['runs']} "
-            f"runs; [counters](index.md#what-the-counters-say)). {version}: {changed}. ")
+            f"runs; [counters](results.md#counters)). {version}: {changed}. ")
     if previous is None:
         return head + f"Time: {float(row['ms_median']):.4f} ms; tensor pipe busy {_pct(row)}% of active cycles."
     before = at_size[previous]
@@ -435,7 +435,7 @@ def main(argv=None) -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--run", action="store_true", help="on a Hopper GPU: measure and write the CSV")
     mode.add_argument("--table", action="store_true",
-                      help="rewrite the counters table in docs/index.md and the line on each docs/vN.md from the CSV")
+                      help="rewrite the counters table in docs/results.md and the line on each docs/vN.md from the CSV")
     mode.add_argument("--child", nargs=2, metavar=("VERSION", "SIZE"), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help="the CSV (default: results/<gpu>_counters.csv)")
     parser.add_argument("--sizes", nargs="+", default=SIZES, metavar="MxNxK")

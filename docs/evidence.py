@@ -7,7 +7,7 @@ registers per SM, allocated per warp in units of 256; 228 KiB of shared memory p
 with 1 KiB reserved per block; at most 2048 threads and 32 blocks; on Blackwell also 512
 TMEM columns per SM, of which the accumulator takes block_n.
 
-    python docs/evidence.py     builds every schedule (cached) and rewrites the tables in docs/v*.md
+    python docs/evidence.py     builds every schedule (cached) and rewrites the tables in docs/results.md
 """
 
 import importlib
@@ -90,7 +90,7 @@ def update_all(progress=print) -> list[Path]:
         module = importlib.import_module(path.stem)
         results = {arch: build.build_schedules(kernel, arch, progress=progress) for arch, kernel in module.KERNELS.items()}
         tables[path.stem.removeprefix("matmul_")] = evidence_table(results)
-    return update_pages(tables, sorted(DOCS.glob("v*.md")))
+    return update_pages(tables, [DOCS / "results.md"])
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ Two figures:
   bandwidth measured in the same run (column ``pct_of_bandwidth``), for v5, v6, the Triton
   peer and cuBLAS. Versions without rows are left out, with a note.
 
-Both are shown in v6.md.
+streamk_4096.svg is shown in v6.md, decode_roofline.svg in v6-decode.md.
 
     python docs/streamk.py [results.csv]     draws both figures (default results/h100.csv)
 """

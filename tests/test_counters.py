@@ -1,4 +1,4 @@
-"""docs/counters.py without a GPU: ncu's CSV parsed, the traffic model, the table and its place in index.md."""
+"""docs/counters.py without a GPU: ncu's CSV parsed, the traffic model, the table and its place in results.md."""
 
 import csv
 import importlib.util
@@ -148,7 +148,7 @@ def test_table_without_block_fails_loudly(tmp_path, capsys):
     assert "no <!-- counters" in capsys.readouterr().err
 
 
-def test_index_has_the_counters_block():
+def test_results_page_has_the_counters_block():
     blocks = counters.BLOCK.findall(counters.PAGE.read_text())
     assert [gpu for _, gpu, _, _ in blocks] == ["h100"]
     if not (counters.REPO / "results" / "h100_counters.csv").exists():
@@ -174,7 +174,7 @@ def test_version_lines_from_a_small_csv(tmp_path):
         v5={"ms_median": "0.18", "tensor_pipe_pct": "93.05", "smem_conflicts_st": "10030"}))
     rows = counters.read_rows(csv_path)
     head = ("**Measured** (H100 80GB HBM3, fp16, 4096³, median of 30 runs; "
-            "[counters](index.md#what-the-counters-say)). ")
+            "[counters](results.md#counters)). ")
     lines = {version: counters.version_line(rows, version) for version in counters.VERSIONS}
     assert lines["v1"] == head + (f"v1: {counters.CHANGES['v1'][0]}. "
                                   "Time: 0.4000 ms; tensor pipe busy 50.0% of active cycles.")

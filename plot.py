@@ -51,7 +51,7 @@ REPO = cache.REPO
 FIGURES = REPO / "docs" / "figures"
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # <!-- kind slug args --> ... <!-- /kind -->: a table written from results/<slug>.csv (see update_documents)
-BLOCK = re.compile(r"(<!-- (results|launch|dtypes|trails|compare|versions|repeat) (\S+)((?: \S+)*) -->\n)(.*?)"
+BLOCK = re.compile(r"(<!-- (results|launch|dtypes|trails|compare|versions|repeat|model) (\S+)((?: \S+)*) -->\n)(.*?)"
                    r"(<!-- /\2 -->)", re.S)
 
 
@@ -439,6 +439,30 @@ def repeat_table(rows: list[dict], again: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def model_table(rows: list[dict]) -> str:
+    """model_llama.py's rows: tokens per second of the model on cuBLAS and on a version, each scenario and mode."""
+    versions = sorted({r["backend"] for r in rows} - {"cublas"})
+    by_key = {(r["backend"], r["scenario"], r["mode"]): r for r in rows}
+    lines = ["| scenario | mode | cuBLAS: tokens/s | " + " | ".join(f"{v}: tokens/s (% of cuBLAS)" for v in versions)
+             + " | share of GPU time in GEMMs (eager) |", "|---|---|---|" + "---|" * len(versions) + "---|"]
+    for scenario, mode in dict.fromkeys((r["scenario"], r["mode"]) for r in rows):
+        cublas = by_key.get(("cublas", scenario, mode))
+        cells = [f"{float(r['tokens_per_s']):,.0f} ({float(r['pct_of_cublas']):.1f}% ±{float(r['pct_spread']) / 2:.1f})"
+                 if (r := by_key.get((v, scenario, mode))) else "-" for v in versions]
+        shares = " / ".join(f"{100 * float(r['gemm_share']):.0f}%" for v in ["cublas", *versions]
+                            if (r := by_key.get((v, scenario, mode))) and r["gemm_share"]) or "-"
+        lines.append(f"| {scenario} | {mode} | {float(cublas['tokens_per_s']):,.0f} | " + " | ".join(cells)
+                     + f" | {shares} |")
+    first = rows[0]
+    lines += ["", f"{first['model']} (random bf16 weights), {first['gpu']}, {first['date']}, torch {first['torch']}, "
+              f"transformers {first['transformers']}: median of 3 windows per backend, backends in a fresh random order "
+              "each round, ± half the spread; GEMM share cuBLAS / version. Logits against the cuBLAS model: relative "
+              f"error {float(first['logits_rel_err']):.1e}, the same next token at {100 * float(first['top1_agree']):.0f}% "
+              f"of positions; graph breaks under torch.compile(fullgraph=True): "
+              f"{sum(int(r['graph_breaks'] or 0) for r in rows)}."]
+    return "\n".join(lines) + "\n"
+
+
 def update_documents(csv_dir: Path = cli.RESULTS_DIR, documents: list[Path] = DOCUMENTS) -> list[Path]:
     """Rewrite each table block from results/<gpu>.csv (and <gpu>_repeat.csv); return the documents that changed."""
     changed = []
@@ -447,7 +471,7 @@ def update_documents(csv_dir: Path = cli.RESULTS_DIR, documents: list[Path] = DO
 
         def render(match):
             kind, slug, args = match.group(2), match.group(3), match.group(4).split()
-            rows = read_rows(csv_dir / f"{slug}.csv")
+            rows = read_rows(csv_dir / f"{slug}.csv") if kind != "model" else []
             dtype = args[1] if len(args) > 1 and args[1] in cli.DTYPE_NAMES else "fp16"
             first = args[0].split(",") if args else []
             table = {"results": lambda: results_table(rows, first, dtype),
@@ -455,6 +479,7 @@ def update_documents(csv_dir: Path = cli.RESULTS_DIR, documents: list[Path] = DO
                      "trails": lambda: trails_table(rows, first[0], dtype),
                      "compare": lambda: compare_table(rows, *first, args[1].split(",")),
                      "versions": lambda: versions_table(rows, first[0]),
+                     "model": lambda: model_table(cli.read_csv(csv_dir / f"{slug}_model.csv")),
                      "repeat": lambda: repeat_table(rows, read_rows(again)) if (again := csv_dir / f"{slug}_repeat.csv")
                      .exists() else "Not measured yet: `python plot.py` measures it at the end of a run.\n"}[kind]()
             return match.group(1) + table + match.group(6)

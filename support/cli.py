@@ -198,6 +198,11 @@ def print_rows(rows: list[dict]) -> None:
     print(METHOD)
 
 
+def read_csv(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
 def read_rows(path: Path) -> list[dict]:
     """The rows of a results CSV; rows from before a column existed read as fp16, burst."""
     with path.open() as f:

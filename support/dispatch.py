@@ -125,6 +125,11 @@ def first_call_at_size(kernels: dict, index: int, m: int, n: int, k: int, a, b, 
         out = a.new_empty(m, n)
     key = (script_cls, a.dtype, index, bucket(m), bucket(n), bucket(k))
     launcher = _by_bucket.get(key)
+    if launcher is None and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{script_cls.__name__}: the first call at {m}x{n}x{k} builds and tunes its size bucket, which "
+            "synchronizes the GPU and cannot be recorded into a CUDA graph: call it once at this size before the "
+            "capture (run the model once eagerly, or support.torch_op.prepare)")
     if launcher is None:
         launcher = _by_bucket[key] = first_launch(script_cls, gpu, m, n, k, a, b, out)
     else:

@@ -284,7 +284,7 @@ class BlackwellMatmulV6(tilus.Script):
 # 128-row tile with zeros; 128 or 64 weight rows, 6 above; K blocks of 128 columns, two TMA
 # boxes each, and as many stages as shared memory holds: see 5 above).
 # stream_k is on or off per schedule, and the tuner picks. With 128 x 256 only in clusters of
-# two (7. above; alone it ranked far behind at every size tried) and not with 128 x 224:
+# two (7. above) and not with 128 x 224:
 # the partial loaded beside a 64 x 224 accumulator is 2 x 112 = 224 registers a thread, all
 # but 8 of even the register split's 232. group_m is 8 alone: v5's tuner
 # chose 8 at most shapes of more than one wave (16 or 32 at 16384 x 1024 x 4096 and

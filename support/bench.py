@@ -55,9 +55,9 @@ class Telemetry:
 
     A thread samples clock and instantaneous power every few milliseconds and sleeps in
     between (NVML calls release the GIL). The energy is the board's energy counter read at
-    each window's ends; it moves in steps (tens of ms on an H100), small beside windows of
-    WINDOW_S, and what one window misses at its ends its neighbour, drawing about the same
-    power at the cap, counts.
+    each window's ends. The counter moves in steps, so each reading can be up to a step
+    late: over ROUNDS windows of WINDOW_S that leaves the energy per GEMM uncertain by
+    several percent, more than the times are.
     """
 
     INTERVAL_S = 0.005
@@ -193,8 +193,8 @@ def back_to_back_ms(call, sets, calls: int) -> float:
     return start.elapsed_time(end) / calls
 
 
-def time_back_to_back(contenders: list[Contender], sets, telemetry: dict, seed: int = 0) -> dict[str, list[float]]:
-    """Ms per call of each contender in each round, back to back, after WARM_UP_S of load.
+def time_back_to_back(contenders: list[Contender], sets, telemetry: dict, seed: int = 0) -> dict[str, list[list[float]]]:
+    """Ms per call of each contender in each round (a one-window list), back to back, after WARM_UP_S of load.
 
     Each round gives every contender one window of about WINDOW_S, in a fresh random order.
     """
@@ -210,7 +210,7 @@ def time_back_to_back(contenders: list[Contender], sets, telemetry: dict, seed: 
         for c in order:
             calls = min(100_000, max(10, int(WINDOW_S / (per_call[c.name] * 1e-3))))
             with telemetry[c.name].window():
-                samples[c.name].append(back_to_back_ms(c.call, sets, calls))
+                samples[c.name].append([back_to_back_ms(c.call, sets, calls)])
             telemetry[c.name].calls += calls
     return samples
 
@@ -224,20 +224,21 @@ def time_burst(contenders: list[Contender], a, b, outs: dict, repeat: int, telem
     return {name: [times[i:i + per_round] for i in range(0, len(times), per_round)] for name, times in samples.items()}
 
 
-def ratio_and_spread(rounds: dict[str, list], name: str) -> tuple[float, float]:
-    """% of cuBLAS (its median over its median) and the spread: max - min over the rounds of the round's ratio.
+def median_ms(rounds: list[list[float]]) -> float:
+    """The median of every timed ms of every round."""
+    return statistics.median(ms for times in rounds for ms in times)
 
-    A round is one window (back to back) or one run of burst launches; for cuBLAS itself the
+
+def ratio_and_spread(rounds: dict[str, list[list[float]]], name: str) -> tuple[float, float]:
+    """% of cuBLAS (its median over the contender's) and the spread: max - min over the rounds of the round's ratio.
+
+    ``rounds`` holds each contender's ms, a list per round (one window back to back, a run of
+    launches in a burst), each round's median taken as the round's time. For cuBLAS itself the
     spread is that of its own rounds' times around their median, in % of it.
     """
-    def median(values):
-        return statistics.median(v for chunk in values for v in (chunk if isinstance(chunk, list) else [chunk]))
-
-    def per_round(values):
-        return [statistics.median(chunk) if isinstance(chunk, list) else chunk for chunk in values]
-
-    mine, cublas = per_round(rounds[name]), per_round(rounds["cublas"])
-    pct = 100 * median(rounds["cublas"]) / median(rounds[name])
+    mine = [statistics.median(times) for times in rounds[name]]
+    cublas = [statistics.median(times) for times in rounds["cublas"]]
+    pct = 100 * median_ms(rounds["cublas"]) / median_ms(rounds[name])
     if name == "cublas":
         return pct, 100 * (max(mine) - min(mine)) / statistics.median(mine)
     ratios = [100 * theirs / ours for theirs, ours in zip(cublas, mine)]
@@ -271,14 +272,14 @@ def measure_size(contenders: list[Contender], m: int, n: int, k: int, seed: int,
     outs = {c.name: torch.empty((m, n), dtype=a.dtype, device="cuda") for c in timed}
     burst_telemetry = {c.name: Telemetry(handle) for c in timed}
     burst = time_burst(timed, a, b, outs, repeat, burst_telemetry, seed)
-    hosts = host_us(timed, sets, {name: statistics.median(sum(rounds, [])) for name, rounds in burst.items()})
+    hosts = host_us(timed, sets, {name: median_ms(rounds) for name, rounds in burst.items()})
     loop_telemetry = {c.name: Telemetry(handle) for c in timed}
     loop = time_back_to_back(timed, sets, loop_telemetry, seed)
     data_bytes = (m * k + n * k + m * n) * a.element_size()
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     for regime, rounds, telemetry in (("burst", burst, burst_telemetry), ("back-to-back", loop, loop_telemetry)):
         for c in timed:
-            ms = statistics.median(v for r in rounds[c.name] for v in (r if isinstance(r, list) else [r]))
+            ms = median_ms(rounds[c.name])
             pct, spread = ratio_and_spread(rounds, c.name) if "cublas" in rounds else (math.nan, math.nan)
             sm_mhz, mj = telemetry[c.name].sm_mhz, telemetry[c.name].mj_per_call
             tflops = measure.tflops(m, n, k, ms)

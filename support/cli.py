@@ -205,8 +205,7 @@ def read_csv(path: Path) -> list[dict]:
 
 def read_rows(path: Path) -> list[dict]:
     """The rows of a results CSV; rows from before a column existed read as fp16, burst."""
-    with path.open() as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(path)
     return [{field: "" for field in CSV_FIELDS} | {"dtype": "fp16", "regime": "burst"}
             | {key: value for key, value in row.items() if value not in (None, "")} for row in rows]
 

@@ -101,14 +101,9 @@ class Linear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, version: str = "v6") -> "Linear":
         """A Linear on the same parameters (shared, not copied)."""
-        module = cls.__new__(cls)
-        nn.Module.__init__(module)
-        reason = ineligible(linear.in_features, linear.out_features, linear.weight.dtype)
-        if reason:
-            raise ValueError(f"{linear}: {reason}")
-        module.in_features, module.out_features, module.version = linear.in_features, linear.out_features, version
+        module = cls(linear.in_features, linear.out_features, bias=False, version=version, device="meta",
+                     dtype=linear.weight.dtype)
         module.weight, module.bias = linear.weight, linear.bias
-        module.gemm = op(version)
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

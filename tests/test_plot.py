@@ -186,3 +186,13 @@ def test_compare_versions_and_repeat_blocks_render_from_the_rows(tmp_path):
     assert "Largest difference: back-to-back 0.7 points, burst 2.0 points." in text
     table = plot.versions_table(plot.read_rows(tmp_path / "h100.csv"), "4096")
     assert "| `matmul_v1.py` | " in table and "| cuBLAS | `torch.matmul` | 764 TFLOPS, 1800 MHz | 723 TFLOPS, 1310 MHz |" in table
+
+
+def test_ratio_and_spread_compare_each_round_with_cublas_in_the_same_round():
+    from support import bench
+
+    rounds = {"cublas": [[1.0, 1.0], [2.0, 2.0], [1.0]], "v1": [[2.0, 2.0], [2.0, 2.0], [1.25]]}
+    pct, spread = bench.ratio_and_spread(rounds, "v1")
+    assert pct == 100 * 1.0 / 2.0  # the medians of every timed ms: 1.0 and 2.0
+    assert spread == 100 - 50  # the rounds' ratios: 50, 100 and 80 %
+    assert bench.ratio_and_spread(rounds, "cublas") == (100.0, 100.0)  # its own rounds: 1, 2 and 1 ms around 1

@@ -89,6 +89,17 @@ def test_defect_7_a_224_column_wgmma_is_issued_as_seven_narrow_ones(tmp_path):
     assert shapes == {"m64n32k16"}
 
 
+def test_defect_8_an_fp8_accumulator_gets_four_adjacent_columns_a_thread():
+    # the fp32 accumulator of an fp8 wgmma (k32) must be laid out as a 16-bit one's (k16):
+    # PTX's accumulator fragment does not depend on the input type
+    import tilus.ir.layout.inference.inference_rules.wgmma as rules
+
+    with compat.disabled("wgmma_fp8_accumulator"):
+        fp8, fp16 = (rules.generate_wgmma_register_layout(64, 128, 64, 128, k) for k in (32, 16))
+    assert fp8 != fp16
+    assert rules.generate_wgmma_register_layout(64, 128, 64, 128, 32) == fp16
+
+
 def test_defect_2_loop_invariant_hoisting_asserts(tmp_path):
     # it depends on what the process transpiled before, so build the whole space as CI does
     results = build_as_released("hoisting_empty_let", "matmul_v2", "blackwell", tmp_path)

@@ -1,0 +1,501 @@
+"""v7: fp8 (e4m3) A and B at twice the tensor rate, with the scalings LLMs use.
+
+What changed from v6, and why. v6 is level with cuBLAS in fp16 and bf16; Hopper's tensor
+cores multiply e4m3 at twice that rate, and a decode step reads half the bytes. An fp8
+value holds 3 mantissa bits and a range of +-448, so each operand comes with scales:
+A ~= A8 * scale_a and B ~= B8 * scale_b, and C = (A8 B8^T) scaled.
+
+1. fp8 operands, v6's kernels. wgmma takes e4m3 K-major from shared memory for both
+   operands, which is this repository's layout, 32 K a step (m64nNk32). A slot keeps v6's
+   bytes: a K block of 128 fp8 columns is 128 B a row, one box under the 128-byte swizzle.
+2. Per-tensor and row-wise scales, in the epilogue: a scale per row of A and per row of B
+   multiply the fp32 sums, C[i, j] = scale_a[i] * scale_b[j] * sum_k A8[i, k] B8[j, k];
+   a per-tensor scale is a row-wise one with stride 0 (one kernel, two views).
+3. Block-wise scales (DeepSeek-V3's: 1 x 128 for activations, 128 x 128 for weights):
+   the scale changes every 128 K, so each K block's sum is scaled on its own and added
+   into an fp32 accumulator in registers, the promotion (HopperMatmulV7Blockwise). It also
+   keeps precision: the fp8 wgmma adds its products in fewer than 32 bits, and a sum
+   that never runs longer than 128 K loses less. The promoted tile needs the block's
+   partial and the running sum, 2 x 64 registers a thread at 64 x 128 per warpgroup, so
+   block-wise tiles are at most 128 wide; the other warpgroup's wgmmas run while one
+   promotes.
+
+The scaling is read from the scales' shapes (matmul below); the tuner picks the tile,
+stream_k and swap_ab per size bucket and scaling, as in v6.
+
+Walkthrough: docs/v7.md
+Constraints: A (M x K) and B (N x K) torch.float8_e4m3fn, contiguous, K a multiple of 16
+(TMA's 16-byte rows); scales float32; C bf16 or fp16, N a multiple of 8.
+Run: python matmul_v7.py [--sizes ...] [--check-only] [--compile-only]
+"""
+
+import sys
+
+import tilus
+import torch
+from tilus import DataType, RegisterTensor, bfloat16, boolean, float8_e4m3, float32, int32, uint32, void_p
+from tilus.hidet.ir.expr import if_then_else
+from tilus.hidet.ir.primitives.cuda.setmaxnreg import setmaxnreg
+from tilus.ir.layout.shared_layout import Swizzle, shared_layout
+from tilus.utils import cdiv
+
+from pipeline import Pipeline
+from schedulers import MAX_SHARERS, StreamKTileScheduler, launch_blocks
+from support import scaled
+
+# columns of an operand's TMA box: 128 B of fp8, the widest the 128-byte swizzle takes, and
+# the length of a block-wise scale's K block
+BOX_K = 128
+
+
+# v6's tiles and rings in bytes: a K block of 128 fp8 columns is 128 B a row, one box under
+# the 128-byte swizzle, as 64 fp16 columns were, so every slot and ring keeps v6's size
+# (128 x 256: 4 x (16 + 32) KiB + a 32 KiB output tile); the decode tiles take 256 columns,
+# two boxes, as v6's took 128. stream_k and swap_ab as in v6, the tuner picks.
+@tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
+    [128, 256, 128, 4, 1, False, False], [128, 256, 128, 4, 2, False, False],
+    [128, 256, 128, 4, 2, False, True],
+    [128, 128, 128, 6, 1, False, False], [128, 128, 128, 6, 2, False, False],
+    [128, 128, 128, 6, 1, False, True], [128, 128, 128, 6, 2, False, True],
+    [128, 16, 256, 6, 1, True, False], [128, 16, 256, 6, 1, True, True],
+    [64, 16, 256, 10, 1, True, False], [64, 16, 256, 10, 1, True, True],
+    [64, 64, 256, 6, 1, True, False], [64, 64, 256, 6, 1, True, True],
+])
+@tilus.autotune("group_m", [8])
+class HopperMatmulV7(tilus.Script):
+    promotes = False  # the block-wise kernel's promotion, below
+    def __init__(
+        self,
+        block_m: int,
+        block_n: int,
+        block_k: int,
+        stages: int,
+        group_m: int,
+        cluster_m: int,
+        swap_ab: bool,
+        stream_k: bool,
+        out_dtype: DataType = bfloat16,
+    ):
+        super().__init__()
+        self.dtype = float8_e4m3  # A and B
+        self.out_dtype = out_dtype  # C: bfloat16 or float16
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.stages = stages
+        self.group_m = group_m
+        self.cluster_m = cluster_m
+        self.swap_ab = swap_ab
+        self.stream_k = stream_k
+        # a consumer warpgroup per 64 rows (wgmma's M): two for v5's 128-row tiles, one for a 64-row one (6.)
+        self.consumers = block_m // 64
+        self.consumer_m = 64  # rows of the tile each consumer warpgroup owns
+        # 128 x 256 stream-K: the owner starts from its one sharer's sum (v6's 7.). A 128-row tile
+        # splits the registers (setmaxnreg) where its consumers need more than the 168 a thread
+        # that 9 warps on 4 schedulers leave: the scales' product beside a 64 x 256 sum, or the
+        # block-wise running sum beside a K block's partial
+        self.owner_starts_from_partial = stream_k and block_n > 128
+        self.register_split = block_n > 128 or (self.promotes and self.consumers == 2)
+        self.k_boxes = block_k // BOX_K  # TMA boxes per operand per slot
+        # a CTA's loads of B go to every CTA of its cluster
+        self.multicast_mask = (1 << cluster_m) - 1 if cluster_m > 1 else None
+        if swap_ab:
+            self.output_tile = self.output_tile_transposed
+            self.epilogue = self.epilogue_transposed
+
+    def __call__(
+        self,
+        m_size: int32,
+        n_size: int32,
+        k_size: int32,
+        a_ptr: void_p,
+        b_ptr: void_p,
+        c_ptr: void_p,
+        num_sms: int32,
+        flags_ptr: void_p,
+        partials_ptr: void_p,
+        sa_ptr: void_p,
+        sb_ptr: void_p,
+        sa_stride_0: int32,
+        sa_stride_1: int32,
+        sb_stride_0: int32,
+        sb_stride_1: int32,
+    ):
+        # 2. operands. With swap_ab the kernel computes C^T = B A^T: its A is the caller's B and
+        # its M the caller's N; only the epilogue, which stores the tile transposed, knows
+        self.g_c = self.global_view(c_ptr, dtype=self.out_dtype, shape=[m_size, n_size])
+        swapped, plain = (b_ptr, a_ptr, n_size, m_size), (a_ptr, b_ptr, m_size, n_size)
+        ptr_a, ptr_b, rows_a, rows_b = swapped if self.swap_ab else plain
+        self.g_a = self.global_view(ptr_a, dtype=self.dtype, shape=[rows_a, k_size])
+        self.g_b = self.global_view(ptr_b, dtype=self.dtype, shape=[rows_b, k_size])
+        # the scales, in the kernel's rows (A's) and columns (B's): swap_ab swaps them too
+        if self.swap_ab:
+            self.scale_views(sb_ptr, sb_stride_0, sb_stride_1, sa_ptr, sa_stride_0, sa_stride_1, rows_a, rows_b,
+                             cdiv(k_size, BOX_K))
+        else:
+            self.scale_views(sa_ptr, sa_stride_0, sa_stride_1, sb_ptr, sb_stride_0, sb_stride_1, rows_a, rows_b,
+                             cdiv(k_size, BOX_K))
+        num_m = cdiv(rows_a, self.block_m)
+        num_n = cdiv(rows_b, self.block_n)
+        # a unit of work: cluster_m tiles stacked in M, one per CTA of a cluster, sharing B
+        num_units_m = cdiv(num_m, self.cluster_m)
+        num_units = num_units_m * num_n
+        self.attrs.blocks = launch_blocks(num_units, num_sms, self.cluster_m, self.stream_k)
+        self.attrs.cluster_blocks = self.cluster_m
+        self.attrs.warps = 4 * self.consumers + (4 if self.register_split else 1)
+        # the stream-K workspace: a ready flag and a partial tile per (CTA, consumer warpgroup)
+        self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms * 2])
+        self.g_partials = self.global_view(
+            partials_ptr, dtype=float32, shape=[num_sms * 2 * self.consumer_m, self.block_n]
+        )
+        # a slot is k_boxes boxes of BOX_K columns side by side (5. above); in each, A holds one
+        # part per consumer, and every consumer reads the whole of B
+        self.s_a = self.shared_tensor(
+            dtype=self.dtype, shape=[self.stages, self.k_boxes, self.consumers, self.consumer_m, BOX_K]
+        )
+        # B's slot in cluster_m parts: each CTA of the cluster loads one part into every CTA
+        self.s_b = self.shared_tensor(
+            dtype=self.dtype, shape=[self.stages, self.k_boxes, self.cluster_m, self.block_n // self.cluster_m, BOX_K]
+        )
+        # one output tile for the consumers, in turn, as in v4
+        self.s_c = self.output_tile()
+
+        # 3. barriers: a slot is free once every consumer warpgroup of every CTA that reads it lets go
+        self.pipe = Pipeline(self.stages, consumer_arrivals=self.consumers * self.cluster_m)
+        self.s_c_free = self.mbarrier.alloc(counts=[1] * self.consumers)  # s_c is free for warpgroup 0 (, 1)
+        if self.cluster_m > 1:
+            self.cluster.sync()  # a peer may signal our barriers only once they are initialised
+            rank: int32 = self.cluster.blockRank
+        else:
+            self.sync()
+            rank: int32 = 0
+        self.rank = rank  # this CTA's place in its cluster
+        # 1. this block's (this cluster's) pieces of work: whole tiles, then a stream-K range of K blocks
+        self.scheduler = StreamKTileScheduler(
+            num_units_m, num_n, num_units, cdiv(k_size, self.block_k), self.group_m, self.cluster_m, rank,
+            self.stream_k, 1 if self.owner_starts_from_partial else MAX_SHARERS,
+        )
+
+        # 4. the K loop of every piece, one per role: the producer, each consumer
+        self.producer()
+        self.consumer(0)
+        if self.consumers == 2:
+            self.consumer(1)
+
+        if self.cluster_m > 1:
+            self.cluster.sync()  # stay until the peer has stopped writing into our slots and barriers
+
+    def output_tile(self):
+        """s_c in 64-column boxes, each with TMA's 128-byte swizzle: no bank conflicts, a TMA store per box."""
+        # row r's 16-byte chunk c sits at chunk c ^ (r % 8), so the 8 rows an stmatrix writes
+        # hit 8 different bank groups; a 32-column box (64-byte rows, two to a bank line)
+        # takes the 64-byte swizzle, chunk c ^ (r // 2 % 4), conflict free as well
+        box_n = 64 if self.block_n % 64 == 0 else 32
+        return self.swizzled_boxes(self.block_n // box_n, self.consumer_m, box_n)
+
+    def output_tile_transposed(self):
+        """swap_ab: a warpgroup's tile is block_n rows of C (the caller's M) by its 64 columns: one box."""
+        return self.swizzled_boxes(1, self.block_n, 64)
+
+    def swizzled_boxes(self, boxes: int, rows: int, box_n: int):
+        swizzle = Swizzle(base=3, bits=3, shift=3) if box_n == 64 else Swizzle(base=3, bits=2, shift=3)
+        s_c = self.shared_tensor(dtype=self.out_dtype, shape=[boxes, rows, box_n])
+        self.annotate_layout(s_c, shared_layout(
+            shape=[boxes, rows, box_n], mode_shape=[boxes, rows, box_n], mode_strides=[rows * box_n, box_n, 1],
+            optional_swizzle=swizzle,
+        ))
+        return s_c
+
+    def producer(self):
+        """The TMA warp: every K block of every piece of this block, as far ahead as the ring allows."""
+        if self.register_split:
+            with self.thread_group(thread_begin=128 * self.consumers, num_threads=128):
+                setmaxnreg(40, "dec")  # the producer warpgroup gives registers to the consumers
+                with self.thread_group(thread_begin=0, num_threads=32):  # the TMA warp
+                    self.load_pieces()
+        else:
+            with self.thread_group(thread_begin=128 * self.consumers, num_threads=32):
+                self.load_pieces()
+
+    def load_pieces(self):
+        self.pipe.producer_start()
+        for item in self.scheduler.items():
+            tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
+            self.load_piece(tile_m, tile_n, k_begin, k_end)
+
+    def load_piece(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
+        """K blocks k_begin to k_end of a tile: A in 64-row parts, one per consumer, then B, box by box.
+
+        The ring's cursor runs on from piece to piece, whatever its length: no piece is
+        padded to whole trips, and the last K block is partial where block_k does not
+        divide K (TMA fills what lies past K with zeros).
+        """
+        for k_block in self.range(k_begin, k_end, 1):
+            offset_k = k_block * self.block_k
+            self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
+            for box in range(self.k_boxes):
+                for part in range(self.consumers):
+                    self.tma.global_to_shared(
+                        src=self.g_a,
+                        dst=self.s_a[self.pipe.producer_stage, box, part],
+                        offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k + box * BOX_K],
+                        mbarrier=self.pipe.producer_barrier(),
+                    )
+                self.load_b(self.block_n * tile_n, offset_k + box * BOX_K, box)
+            self.pipe.producer_advance()
+
+    def load_b(self, offset_n: int32, offset_k: int32, box: int32):
+        """Load slot producer_stage of B: all of it alone, or this CTA's part, multicast to the cluster."""
+        part_n = self.block_n // self.cluster_m
+        self.tma.global_to_shared(
+            src=self.g_b,
+            dst=self.s_b[self.pipe.producer_stage, box, self.rank],
+            offsets=[offset_n + self.rank * part_n, offset_k],
+            mbarrier=self.pipe.producer_barrier(),
+            multicast_mask=self.multicast_mask,
+        )
+
+    def next_consumer(self, warpgroup: int) -> int:
+        """The warpgroup that writes s_c after this one: the other of two, or itself when it is alone."""
+        return (warpgroup + 1) % self.consumers
+
+    def consumer(self, warpgroup: int):
+        """One consumer warpgroup: its rows of every piece, the K loop then the piece's end."""
+        with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
+            if self.register_split:
+                setmaxnreg(232, "inc")
+            self.pipe.consumer_start()
+            c_phase: uint32 = 1 - warpgroup  # warpgroup 0 writes s_c first
+            for item in self.scheduler.items():
+                tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
+                acc = self.mma(warpgroup, tile_m, tile_n, k_begin, k_end)
+
+                # 5. the piece's end: the consumers take turns with s_c
+                self.mbarrier.wait(self.s_c_free[warpgroup], phase=c_phase)
+                c_phase ^= 1
+                if self.stream_k:
+                    self.end_piece(warpgroup, acc, tile_m, tile_n, k_begin, k_end)
+                else:
+                    self.epilogue(warpgroup, acc, tile_m, tile_n)
+
+    def mma(self, warpgroup: int, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
+        """This warpgroup's rows of one piece, K blocks k_begin to k_end, into a fresh accumulator (the tile's
+        place matters only to the block-wise kernel's scales)."""
+        if self.owner_starts_from_partial:
+            acc = self.start_from_partial(warpgroup, k_begin, k_end)
+        else:
+            acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+        for k_block in self.range(k_begin, k_end, 1):
+            self.pipe.consumer_acquire()
+            self.wgmma.fence()
+            for box in range(self.k_boxes):
+                s_b_slot = self.reshape_shared(self.s_b[self.pipe.consumer_stage, box], [self.block_n, BOX_K])
+                self.wgmma.mma(self.s_a[self.pipe.consumer_stage, box, warpgroup], s_b_slot.transpose(), acc)
+            self.wgmma.commit_group()
+            self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
+            if k_block > k_begin:
+                self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
+            self.pipe.consumer_advance()
+        # Hopper's flush: the accumulator is final only now, and the piece's last slot is free
+        self.wgmma.wait_group(0)
+        self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
+        return acc
+
+    def end_piece(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32, k_begin: int32,
+                  k_end: int32):
+        """A stream-K piece's end: its sum to the workspace, or the tile, with its sharers' sums added, to C."""
+        if k_end < self.scheduler.k_blocks:
+            self.save_partial(warpgroup, acc)  # the tile's owner adds it
+            with self.single_thread():
+                self.mbarrier.arrive(self.s_c_free[self.next_consumer(warpgroup)])  # s_c unused: the next one's turn
+        else:
+            if k_begin > 0 and not self.owner_starts_from_partial:
+                self.add_partials(warpgroup, acc)
+            self.epilogue(warpgroup, acc, tile_m, tile_n)
+
+    def add_partials(self, warpgroup: int, acc: RegisterTensor):
+        """The owner's fix-up: the sums of the tile's sharers (at most MAX_SHARERS), lowest worker first.
+
+        Written out for MAX_SHARERS = 2 rather than looped: here a load_global in a runtime
+        loop does not build in tilus 0.2.0 (the Blackwell kernel's loop does). The first
+        sharer always exists: a lower worker holds K block 0.
+        """
+        first = self.scheduler.first_sharer()
+        self.add_partial(warpgroup, acc, first, True)
+        if first + 1 < self.scheduler.worker:
+            self.add_partial(warpgroup, acc, first + 1, True)
+
+    def add_partial(self, warpgroup: int, acc: RegisterTensor, worker: int32, owner: boolean):
+        """Wait for a sharer's flag, add its sum to acc, and set the flag back to 0 for the next launch.
+
+        ``owner`` false (a run-time condition, start_from_partial) adds zeros instead: the
+        rows past the workspace, which load_global masks to zeros without reading.
+        """
+        slot: int32 = (worker * self.cluster_m + self.rank) * 2 + warpgroup
+        flag: ~int32 = self.g_flags[slot].item_ptr()
+        if owner:
+            self.lock_semaphore(flag, 1)
+        row = if_then_else(owner, slot * self.consumer_m, self.g_partials.shape[0])
+        partial = self.load_global(self.g_partials, offsets=[row, 0], shape=[self.consumer_m, self.block_n])
+        self.add(acc, partial, out=acc)
+        if owner:
+            self.release_semaphore(flag, 0)
+
+    def start_from_partial(self, warpgroup: int, k_begin: int32, k_end: int32):
+        """A fresh accumulator: the sharer's sum for the owner's piece, zeros for any other piece.
+
+        Every piece loads and adds to zeros, the others from past the workspace: where the
+        accumulator was either loaded or constant zeros, ptxas serialised every wgmma of the
+        kernel (C7515), and where the load wrote it directly, too (C7514).
+        """
+        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+        owner = k_begin > 0 and k_end == self.scheduler.k_blocks
+        self.add_partial(warpgroup, acc, self.scheduler.first_sharer(), owner)
+        return acc
+
+    def save_partial(self, warpgroup: int, acc: RegisterTensor):
+        """The piece's sum to this CTA and warpgroup's slot, then its flag (st.release: after every thread's stores)."""
+        slot: int32 = self.blockIdx.x * 2 + warpgroup
+        flag: ~int32 = self.g_flags[slot].item_ptr()
+        self.store_global(self.g_partials, acc, offsets=[slot * self.consumer_m, 0])
+        self.sync()  # this warpgroup's named barrier: all 128 threads have stored
+        self.release_semaphore(flag, 1)
+
+    def scale_views(self, ptr_a: void_p, a_0: int32, a_1: int32, ptr_b: void_p, b_0: int32, b_1: int32,
+                    rows_a: int32, rows_b: int32, k_blocks: int32):
+        """Per-tensor and row-wise scales: a scale per row of the kernel's A and per row of its B
+        (its C's columns); a per-tensor scale is a row-wise one whose stride is 0."""
+        self.g_scale_rows = self.global_view(ptr_a, dtype=float32, shape=[rows_a, 1], strides=[a_0, 1])
+        self.g_scale_cols = self.global_view(ptr_b, dtype=float32, shape=[1, rows_b], strides=[1, b_0])
+
+    def scaled(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32) -> RegisterTensor:
+        """The tile's fp32 sums times the outer product of its rows' and its columns' scales."""
+        rows = self.load_global(self.g_scale_rows, offsets=[self.block_m * tile_m + warpgroup * self.consumer_m, 0],
+                                shape=[self.consumer_m, 1])
+        cols = self.load_global(self.g_scale_cols, offsets=[0, self.block_n * tile_n], shape=[1, self.block_n])
+        return acc * rows * cols
+
+    def epilogue(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
+        """Registers -> the swizzled s_c -> global, one TMA store per box; then s_c is the other's."""
+        offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
+        offset_n = self.block_n * tile_n
+        # the boxes seen as one consumer_m x block_n tile
+        s_c_rows = self.reshape_shared(self.s_c.permute([1, 0, 2]), [self.consumer_m, self.block_n])
+        self.store_shared(s_c_rows, self.scaled(warpgroup, acc, tile_m, tile_n).to(self.out_dtype))
+        self.store_output(warpgroup, offset_m, offset_n)
+
+    def epilogue_transposed(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
+        """swap_ab: the tile is C^T's, so it goes to s_c transposed (stmatrix .trans), then to C as one box."""
+        self.store_shared(self.s_c[0], self.transpose(self.scaled(warpgroup, acc, tile_m, tile_n).to(self.out_dtype)))
+        self.store_output(warpgroup, self.block_n * tile_n, self.block_m * tile_m + warpgroup * self.consumer_m)
+
+    def store_output(self, warpgroup: int, offset_m: int32, offset_n: int32):
+        """s_c's boxes to C from (offset_m, offset_n) on, by TMA; once read, s_c is the other warpgroup's."""
+        # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
+        self.fence.proxy_async(space="shared")
+        self.sync()  # this warpgroup only (a named barrier)
+        with self.single_warp():
+            for box in range(self.s_c.shape[0]):
+                self.tma.shared_to_global(
+                    self.s_c[box], self.g_c, offsets=[offset_m, offset_n + box * self.s_c.shape[2]], dims=[0, 1]
+                )
+            self.tma.commit_group()
+            self.tma.wait_group(n=0, read=True)  # the TMA engine has read s_c: the next writer may go
+            with self.single_thread():
+                self.mbarrier.arrive(self.s_c_free[self.next_consumer(warpgroup)])
+
+
+
+
+# The block-wise kernel: the same tiles but the 256-wide ones (the running sum and a K block's
+# partial are 2 x 128 registers a thread at 64 x 256, more than the 232 a consumer can
+# have), and 128 x 64 for the shapes with few 128 x 128 tiles. A tile's columns lie in one
+# 128-row block of B's scales (block_n divides 128), a warpgroup's 64 rows in one of A's
+# with swap_ab.
+@tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
+    [128, 128, 128, 6, 1, False, False], [128, 128, 128, 6, 2, False, False],
+    [128, 128, 128, 6, 1, False, True], [128, 128, 128, 6, 2, False, True],
+    [128, 64, 128, 8, 1, False, False], [128, 64, 128, 8, 1, False, True],
+    [128, 16, 256, 6, 1, True, False], [128, 16, 256, 6, 1, True, True],
+    [64, 16, 256, 10, 1, True, False], [64, 16, 256, 10, 1, True, True],
+    [64, 64, 256, 6, 1, True, False], [64, 64, 256, 6, 1, True, True],
+])
+@tilus.autotune("group_m", [8])
+class HopperMatmulV7Blockwise(HopperMatmulV7):
+    _autotune_space = {}  # its own space, not added to HopperMatmulV7's
+    promotes = True
+
+    def scale_views(self, ptr_a: void_p, a_0: int32, a_1: int32, ptr_b: void_p, b_0: int32, b_1: int32,
+                    rows_a: int32, rows_b: int32, k_blocks: int32):
+        """Activations' scales a (row, K block) each, weights' a (128 rows, K block) each: with swap_ab
+        the weights are the kernel's A, and the activations' scales are read as K blocks x rows."""
+        if self.swap_ab:
+            self.g_scale_rows = self.global_view(ptr_a, dtype=float32, shape=[cdiv(rows_a, 128), k_blocks],
+                                                 strides=[a_0, a_1])
+            # as K blocks x rows, each row's scale repeated down the warpgroup's 64 rows (stride 0):
+            # loaded as a 64 x block_n tile, every thread reads its own elements (a 1 x 16 load leaves
+            # threads idle, a divergent path next to the wgmma, which ptxas then serialises: C7520)
+            self.g_scale_cols = self.global_view(ptr_b, dtype=float32, shape=[k_blocks, self.consumer_m, rows_b],
+                                                 strides=[b_1, 0, b_0])
+        else:
+            self.g_scale_rows = self.global_view(ptr_a, dtype=float32, shape=[rows_a, k_blocks], strides=[a_0, a_1])
+            self.g_scale_cols = self.global_view(ptr_b, dtype=float32, shape=[cdiv(rows_b, 128), k_blocks],
+                                                 strides=[b_0, b_1])
+
+    def block_scales(self, row: int32, col: int32, k_block: int32):
+        """The scales of K block k_block for this warpgroup's rows and the tile's columns (one of them a 1 x 1)."""
+        if self.swap_ab:
+            rows = self.load_global(self.g_scale_rows, offsets=[row // 128, k_block], shape=[1, 1])
+            cols = self.load_global(self.g_scale_cols, offsets=[k_block, 0, col], shape=[self.consumer_m, self.block_n],
+                                    dims=[1, 2])
+        else:
+            rows = self.load_global(self.g_scale_rows, offsets=[row, k_block], shape=[self.consumer_m, 1])
+            cols = self.load_global(self.g_scale_cols, offsets=[col // 128, k_block], shape=[1, 1])
+        return rows, cols
+
+    def mma(self, warpgroup: int, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
+        """Each 128-column K block into a fresh partial, scaled and added to the running fp32 sum (the promotion)."""
+        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+        row = self.block_m * tile_m + warpgroup * self.consumer_m
+        col = self.block_n * tile_n
+        for k_block in self.range(k_begin, k_end, 1):
+            self.pipe.consumer_acquire()
+            for box in range(self.k_boxes):
+                rows, cols = self.block_scales(row, col, k_block * self.k_boxes + box)  # in flight during the MMAs
+                partial = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+                self.wgmma.fence()
+                s_b_slot = self.reshape_shared(self.s_b[self.pipe.consumer_stage, box], [self.block_n, BOX_K])
+                self.wgmma.mma(self.s_a[self.pipe.consumer_stage, box, warpgroup], s_b_slot.transpose(), partial)
+                self.wgmma.commit_group()
+                self.wgmma.wait_group(0)  # the partial is final: meanwhile the other warpgroup's wgmmas run
+                self.add(acc, partial * rows * cols, out=acc)
+            self.pipe.consumer_advance()
+            self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)  # the slot just read
+        return acc
+
+    def scaled(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32) -> RegisterTensor:
+        return acc  # scaled K block by K block already
+
+
+KERNELS = {"hopper": HopperMatmulV7}
+BLOCKWISE_KERNELS = {"hopper": HopperMatmulV7Blockwise}
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+           out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """C = (A * scale_a) @ (B * scale_b).T for fp8 e4m3 A (M x K) and B (N x K), fp32 accumulation, C bf16 or fp16.
+
+    The scaling is read from the float32 scales' shapes: one value each (per-tensor);
+    scale_a M x 1 and scale_b N x 1 (row-wise); scale_a M x ceil(K / 128) and scale_b
+    ceil(N / 128) x ceil(K / 128) (block-wise, 1 x 128 and 128 x 128). ``quantize`` makes
+    them. C is ``out_dtype``, or the dtype of ``out`` where one is given. Raises
+    TypeError/ValueError naming the rule for input the kernels cannot take.
+    """
+    return scaled.launch(KERNELS, BLOCKWISE_KERNELS, a, b, scale_a, scale_b, out, out_dtype)
+
+
+quantize = scaled.quantize
+
+
+if __name__ == "__main__":
+    sys.exit(scaled.main("v7", KERNELS, BLOCKWISE_KERNELS, matmul))

@@ -1,0 +1,472 @@
+"""fp8 with scales (v7): the three scalings, their input rules, ``quantize``, the launch path and the benchmark.
+
+A scaled fp8 GEMM computes C = (A8 * scale_a) @ (B8 * scale_b)^T from e4m3 A8 (M x K) and
+B8 (N x K) and float32 scales; which scaling it is follows from the scales' shapes:
+
+- per-tensor: one value each;
+- row-wise: scale_a M x 1 and scale_b N x 1 (a scale per row of A and per row of B);
+- block-wise (DeepSeek-V3's): scale_a M x ceil(K / 128) (1 x 128 blocks of activations)
+  and scale_b ceil(N / 128) x ceil(K / 128) (128 x 128 blocks of weights).
+
+``quantize`` makes each from a bf16 or fp32 tensor. The launch path is v1-v6's (build and
+tune once per size bucket, then one dict lookup a call), with the scaling and the output
+dtype in the key; the kernel gets the scales as addresses and element strides, so any
+strides are taken (a per-tensor scale is a row-wise one with stride 0).
+"""
+
+import argparse
+import datetime
+import math
+import sys
+
+import tilus
+import torch
+
+from support import bench, dispatch, measure
+from support.cache import use_cache
+from support.cli import REPO, RESULTS_DIR, _table, parse_size, save_rows
+from support.gpu import ARCHS, UnsupportedGPUError, gpu_arch, gpu_label
+
+FP8 = torch.float8_e4m3fn
+E4M3_MAX = 448.0  # the largest finite e4m3 value
+BLOCK = 128  # a block-wise scale's K block (and its weight block's rows)
+OUT_DTYPES = {torch.bfloat16: tilus.bfloat16, torch.float16: tilus.float16}
+GRANULARITIES = ("tensor", "row", "1x128", "128x128")
+SCALINGS = ("tensor", "row", "block")
+
+
+def quantize(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x8, scale): x (rows x K) in e4m3 and the float32 scale with x ~= x8 * scale, blockwise broadcast.
+
+    ``granularity``: 'tensor' (one scale), 'row' (rows x 1), '1x128' (rows x ceil(K / 128): an
+    activation's) or '128x128' (ceil(rows / 128) x ceil(K / 128): a weight's). Each scale
+    maps its block's largest magnitude to 448, e4m3's largest value.
+    """
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point():
+        raise TypeError("quantize takes a 2-D floating-point torch.Tensor")
+    rows, k = x.shape
+    x32 = x.float()
+    if granularity == "tensor":
+        amax = x32.abs().amax()
+    elif granularity == "row":
+        amax = x32.abs().amax(dim=1, keepdim=True)
+    else:
+        block_rows = 1 if granularity == "1x128" else BLOCK
+        padded = torch.nn.functional.pad(x32, (0, -k % BLOCK, 0, -rows % block_rows))
+        blocks = padded.view(padded.shape[0] // block_rows, block_rows, padded.shape[1] // BLOCK, BLOCK)
+        amax = blocks.abs().amax(dim=(1, 3))
+    scale = amax.clamp(min=1e-12) / E4M3_MAX
+    return (x32 / expand(scale, rows, k)).clamp(-E4M3_MAX, E4M3_MAX).to(FP8), scale
+
+
+def expand(scale: torch.Tensor, rows: int, k: int) -> torch.Tensor:
+    """A scale of any granularity as a rows x K (or broadcastable) float32 tensor."""
+    if scale.numel() == 1 or scale.shape == (rows, 1):
+        return scale.reshape(-1, 1) if scale.numel() > 1 else scale.reshape(())
+    block_rows = 1 if scale.shape[0] == rows else BLOCK  # an activation's 1 x 128 blocks, or a weight's 128 x 128
+    return scale.repeat_interleave(block_rows, 0)[:rows].repeat_interleave(BLOCK, 1)[:, :k]
+
+
+def reference(a8: torch.Tensor, b8: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor) -> torch.Tensor:
+    """The fp32 product of the dequantized inputs: what a scaled GEMM should give before C is rounded."""
+    (m, k), n = a8.shape, b8.shape[0]
+    a = a8.float() * expand(scale_a, m, k)
+    b = b8.float() * expand(scale_b, n, k)
+    tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
+    try:
+        return a @ b.T
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def scaling_of(m: int, n: int, k: int, scale_a: torch.Tensor, scale_b: torch.Tensor) -> str | None:
+    """'tensor', 'row' or 'block' from the scales' shapes, or None if they fit none."""
+    kb = -(-k // BLOCK)
+    if scale_a.numel() == 1 and scale_b.numel() == 1:
+        return "tensor"
+    if tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (n, 1):
+        return "row"
+    if tuple(scale_a.shape) == (m, kb) and tuple(scale_b.shape) == (-(-n // BLOCK), kb):
+        return "block"
+    return None
+
+
+def strides(scaling: str, scale_a: torch.Tensor, scale_b: torch.Tensor) -> tuple[int, int, int, int]:
+    """The scales' element strides as the kernel reads them: (a's rows, a's K blocks, b's rows, b's K blocks)."""
+    if scaling == "tensor":
+        return 0, 0, 0, 0
+    if scaling == "row":
+        return scale_a.stride(0), 0, scale_b.stride(0), 0
+    return scale_a.stride(0), scale_a.stride(1), scale_b.stride(0), scale_b.stride(1)
+
+
+def check_inputs(a, b, scale_a, scale_b, out, out_dtype) -> tuple[int, int, int, int, str]:
+    """Validate a scaled call; return (M, N, K, GPU index, scaling). Raises TypeError/ValueError naming the rule.
+
+    As ``checks.check_inputs``: one conjunction of cheap questions passes valid input, and only
+    input that fails it goes through the rules one by one (``check_each_rule``).
+    """
+    if type(a) is torch.Tensor and type(b) is torch.Tensor and type(scale_a) is torch.Tensor \
+            and type(scale_b) is torch.Tensor and a.dim() == 2 and b.dim() == 2:
+        (m, k), (n, kb) = a.shape, b.shape
+        index = a.get_device()
+        if (k == kb and m and n and k and not (k % 16 or n % 8) and max(m * k, n * k, m * n) < 2**31 and index >= 0
+                and a.dtype is FP8 and b.dtype is FP8 and scale_a.dtype is torch.float32
+                and scale_b.dtype is torch.float32 and out_dtype in OUT_DTYPES
+                and b.get_device() == index and scale_a.get_device() == index and scale_b.get_device() == index
+                and a.is_contiguous() and b.is_contiguous() and not (a.data_ptr() % 16 or b.data_ptr() % 16)
+                and (out is None or _fits_out(out, out_dtype, m, n, index, (a, b, scale_a, scale_b)))):
+            scaling = scaling_of(m, n, k, scale_a, scale_b)
+            if scaling:
+                return m, n, k, index, scaling
+    return check_each_rule(a, b, scale_a, scale_b, out, out_dtype)
+
+
+def _fits_out(out, out_dtype, m: int, n: int, index: int, inputs) -> bool:
+    return (type(out) is torch.Tensor and out.dtype is out_dtype and out.shape == (m, n) and out.get_device() == index
+            and out.is_contiguous() and not out.data_ptr() % 16 and not any(_overlaps(out, t) for t in inputs))
+
+
+def check_each_rule(a, b, scale_a, scale_b, out, out_dtype) -> tuple[int, int, int, int, str]:
+    """The rules one by one, each raising a TypeError/ValueError that names it."""
+    for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("a", a), ("b", b)):
+        if t.dtype != FP8:
+            raise TypeError(f"{name} must be torch.float8_e4m3fn, got {t.dtype} (quantize makes it)")
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+    (m, k), (n, kb) = a.shape, b.shape
+    if k != kb:
+        raise ValueError(f"K mismatch: a is {m}x{k} and b is {n}x{kb}; C = A @ B.T needs a.shape[1] == b.shape[1]")
+    if 0 in (m, n, k):
+        raise ValueError(f"empty dimension: M={m}, N={n}, K={k}; all must be at least 1")
+    if max(m * k, n * k, m * n) >= 2**31:
+        raise ValueError(f"{m}x{n}x{k} is too large: the kernels index each matrix with 32-bit integers")
+    for name, t in (("a", a), ("b", b)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (row-major); call .contiguous() first")
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} must start at a 16-byte aligned address for TMA (a sliced view may not)")
+    if k % 16:
+        raise ValueError(f"K={k}: TMA needs 16-byte rows, so K must be a multiple of 16 for fp8; pad it")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
+    if n % 8:
+        raise ValueError(f"N={n}: the output's rows are stored by TMA, so N must be a multiple of 8; pad b")
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be torch.float32, got {t.dtype}")
+    scaling = scaling_of(m, n, k, scale_a, scale_b)
+    if scaling is None:
+        kbs, nbs = -(-k // BLOCK), -(-n // BLOCK)
+        raise ValueError(
+            f"scales of shapes {tuple(scale_a.shape)} and {tuple(scale_b.shape)} fit no scaling for {m}x{n}x{k}: "
+            f"per-tensor takes one value each, row-wise ({m}, 1) and ({n}, 1), block-wise ({m}, {kbs}) and "
+            f"({nbs}, {kbs})")
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if out.dtype not in OUT_DTYPES or tuple(out.shape) != (m, n):
+            raise ValueError(f"out must be torch.bfloat16 or torch.float16 of shape ({m}, {n}), got {out.dtype} "
+                             f"{tuple(out.shape)}")
+        if not out.is_contiguous() or out.data_ptr() % 16:
+            raise ValueError("out must be contiguous and start at a 16-byte aligned address")
+    tensors = [("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)] + ([("out", out)] if out is not None else [])
+    for name, t in tensors:
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} is on the {t.device.type.upper()}; move it to the GPU (.cuda())")
+    if len({t.device for _, t in tensors}) > 1:
+        raise ValueError(f"a, b, the scales and out must be on one GPU, got {[str(t.device) for _, t in tensors]}")
+    if out is not None and any(_overlaps(out, t) for _, t in tensors[:4]):
+        raise ValueError("out must not share memory with a, b or the scales")
+    return m, n, k, a.get_device(), scaling
+
+
+def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
+    x0, y0 = x.data_ptr(), y.data_ptr()
+    return x0 < y0 + y.numel() * y.element_size() and y0 < x0 + x.numel() * x.element_size()
+
+
+def kernel_args(m: int, n: int, k: int, a, b, out, scale_a, scale_b, scale_strides: tuple,
+                num_sms: int | None = None) -> tuple:
+    """v7's kernel arguments: v6's, then the two scales' addresses and their element strides."""
+    if num_sms is None:
+        num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
+            if torch.cuda.is_available() else 132
+    workspace = dispatch.workspace(a.device, num_sms) if isinstance(a, torch.Tensor) else (0, 0)
+    return (m, n, k, a, b, out, num_sms, *workspace, scale_a, scale_b, *scale_strides)
+
+
+# (id of a version's KERNELS, scaling, strides, out dtype, device index, M, N, K) ->
+# (compiled launch function, SM count, the stream-K workspace's two addresses)
+_launchers: dict[tuple, object] = {}
+
+
+def launch(kernels: dict, blockwise_kernels: dict, a, b, scale_a, scale_b, out=None,
+           out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Validate, pick the kernel for this GPU and scaling, run it (building and tuning on the first call per bucket)."""
+    if isinstance(out, torch.Tensor) and out.dtype in OUT_DTYPES:
+        out_dtype = out.dtype  # a given out decides C's dtype
+    m, n, k, index, scaling = check_inputs(a, b, scale_a, scale_b, out, out_dtype)
+    scale_strides = strides(scaling, scale_a, scale_b)
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    key = (id(kernels), scaling, scale_strides, out_dtype, index, m, n, k)
+    launcher = _launchers.get(key)
+    if launcher is None:
+        func = first_launch(kernels, blockwise_kernels, scaling, index, m, n, k, a, b, out, scale_a, scale_b,
+                            scale_strides)
+        num_sms = dispatch.device(index).num_sms
+        _launchers[key] = func, num_sms, *(t.data_ptr() for t in dispatch.workspace(a.device, num_sms))
+        return out
+    func, num_sms, flags, partials = launcher
+    if index == torch.cuda.current_device() and not dispatch.current_raw_stream(index):
+        func(m, n, k, a.data_ptr(), b.data_ptr(), out.data_ptr(), num_sms, flags, partials, scale_a.data_ptr(),
+             scale_b.data_ptr(), *scale_strides)
+    else:  # tensors: tvm-ffi launches on torch's current stream
+        with torch.cuda.device(index):
+            func(*kernel_args(m, n, k, a, b, out, scale_a, scale_b, scale_strides, num_sms))
+    return out
+
+def first_launch(kernels, blockwise_kernels, scaling, index, m, n, k, a, b, out, scale_a, scale_b, scale_strides):
+    """Build and tune this size's bucket for the scaling (cached on disk), run it, return its launch function."""
+    gpu = dispatch.device(index)
+    script_cls = (blockwise_kernels if scaling == "block" else kernels).get(gpu.arch)
+    if script_cls is None:
+        raise NotImplementedError(f"{scaling}-wise fp8 has no {gpu.arch} kernel here (docs/v7.md says why)")
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{script_cls.__name__}: the first call at {m}x{n}x{k} with {scaling} scales builds and tunes, which "
+            "cannot be recorded into a CUDA graph: call it once at this size before the capture")
+    with torch.cuda.device(index):
+        use_cache(script_cls, gpu.label)
+        script = script_cls(out_dtype=OUT_DTYPES[out.dtype])
+        args = kernel_args(m, n, k, a, b, out, scale_a, scale_b, scale_strides, gpu.num_sms)
+        dispatch.tune_once(script, args)
+        script(*args)
+        return script.dispatch_table[dispatch.keys(script, args)]
+
+
+def chosen_schedule(script_cls, m, n, k, scale_strides, out_dtype=torch.bfloat16) -> dict:
+    """The schedule picked for this size bucket, scaling and output dtype (after a call at that size)."""
+    script = script_cls(out_dtype=OUT_DTYPES[out_dtype])
+    jit_key, tuning_key = dispatch.keys(script, kernel_args(m, n, k, None, None, None, None, None, scale_strides, 132))
+    jit = script.jit_instances[jit_key]
+    return jit.schedules[jit.valid_schedules[jit.dispatch_table[tuning_key]]]
+
+
+# the sizes of the benchmark: square, LLM-like, and decode (judged in bytes per second)
+SIZES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 14336, 4096), (4096, 4096, 14336),
+         (1, 4096, 14336), (16, 4096, 14336), (64, 4096, 14336), (1, 14336, 4096)]
+CHECK_SIZES = [(1, 4096, 4096), (37, 1000, 2064), (256, 1024, 4112), (1000, 3000, 2000), (4096, 4096, 4096),
+               (128, 8192, 8192)]
+GRANULARITY = {"tensor": ("tensor", "tensor"), "row": ("row", "row"), "block": ("1x128", "128x128")}
+
+
+def cublas_scales(scaling: str, scale_a: torch.Tensor, scale_b: torch.Tensor, form: int = 0):
+    """The scales as torch._scaled_mm takes them: per-tensor as they are, row-wise with B's as 1 x N, block-wise
+    in one of the layouts tried (``BLOCK_FORMS``)."""
+    if scaling == "tensor":
+        return scale_a.reshape(()), scale_b.reshape(())
+    if scaling == "row":
+        return scale_a, scale_b.reshape(1, -1).contiguous()
+    return BLOCK_FORMS[form](scale_a, scale_b)
+
+
+# block-wise scale layouts to offer torch._scaled_mm, in order: A's M x K/128 scales K/128-major or
+# M-major, B's as given or transposed (its B operand is K x N, column-major)
+BLOCK_FORMS = [
+    lambda sa, sb: (sa.T.contiguous().T, sb.T.contiguous().T),
+    lambda sa, sb: (sa.T.contiguous().T, sb.contiguous()),
+    lambda sa, sb: (sa.T.contiguous().T, sb.T.contiguous()),
+    lambda sa, sb: (sa.contiguous(), sb.contiguous()),
+    lambda sa, sb: (sa.contiguous(), sb.T.contiguous()),
+    lambda sa, sb: (sa.T.contiguous().T, sb.T),
+    lambda sa, sb: (sa.contiguous(), sb.T),
+]
+
+
+def cublas_fp8(scaling: str, a8, b8, scale_a, scale_b):
+    """A torch._scaled_mm call (cuBLASLt) for the scaling, or None with the reason where the installed torch refuses it."""
+    last = None
+    for form in range(len(BLOCK_FORMS) if scaling == "block" else 1):
+        sa, sb = cublas_scales(scaling, scale_a, scale_b, form)
+        try:
+            c = torch._scaled_mm(a8, b8.T, sa, sb, out_dtype=torch.bfloat16)
+        except (RuntimeError, ValueError) as error:
+            last = str(error).splitlines()[0]
+            continue
+        if measure.relative_error(c, reference(a8, b8, scale_a, scale_b)) < measure.REL_ERR_TOL[torch.bfloat16]:
+            return form, None
+        last = "a result off the dequantized reference"
+    return None, last
+
+
+def benchmark(matmul, v6_matmul, sizes, repeat: int, timeout_s: float, on_size=None) -> list[dict]:
+    """v7 with each scaling, torch._scaled_mm with each, v6 and cuBLAS in bf16, at each size, in both regimes."""
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    copy_bytes_per_s = bench.copy_bandwidth()
+    handle = bench.nvml_handle()
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"device-to-device copy: {copy_bytes_per_s / 1e12:.2f} TB/s (bytes read + written)", flush=True)
+    rows = []
+    for seed, (m, n, k) in enumerate(sizes):
+        sets = bench.operand_sets(m, n, k, seed, torch.bfloat16)
+        quantized = {id(a): {s: (*quantize(a, ga), *quantize(b, gb)) for s, (ga, gb) in GRANULARITY.items()}
+                     for a, b in sets}
+        a, b = sets[0]
+        contenders, refs = [], {}
+        for scaling in SCALINGS:
+            a8, sa, b8, sb = quantized[id(a)][scaling]
+            refs[f"v7 {scaling}"] = refs[f"cublas fp8 {scaling}"] = reference(a8, b8, sa, sb)
+            contenders.append(bench.Contender(f"v7 {scaling}", lambda a, b, out, s=scaling: matmul(
+                quantized[id(a)][s][0], quantized[id(a)][s][2], quantized[id(a)][s][1], quantized[id(a)][s][3], out)))
+            form, refused = cublas_fp8(scaling, a8, b8, sa, sb)
+            if refused:
+                print(f"{m}x{n}x{k}: torch._scaled_mm takes no {scaling}-wise scales here: {refused}", flush=True)
+                continue
+            cached = {key: (q[0], q[2].T, *cublas_scales(scaling, q[1], q[3], form or 0))
+                      for key, q in ((key, q[scaling]) for key, q in quantized.items())}
+            contenders.append(bench.Contender(f"cublas fp8 {scaling}", lambda a, b, out, c=cached: torch._scaled_mm(
+                *c[id(a)][:2], *c[id(a)][2:], out_dtype=torch.bfloat16)))
+        refs["v6"] = refs["cublas"] = a.float() @ b.float().T
+        contenders += [bench.Contender("v6", v6_matmul), bench.Contender("cublas", lambda a, b, out: torch.matmul(a, b.T))]
+        print(f"{m}x{n}x{k}: the first call at a size bucket builds and tunes each scaling's kernel (cached "
+              "afterwards)...", flush=True)
+        errors = {}
+        for c in contenders:
+            out = torch.full((m, n), math.nan, dtype=torch.bfloat16, device="cuda")
+            result = c.call(a, b, out)
+            measure.sync_or_exit(f"{c.name} at {m}x{n}x{k}", timeout_s)
+            errors[c.name] = measure.relative_error(result, refs[c.name])
+        del refs
+        timed = [c for c in contenders if measure.passes(errors[c.name], torch.bfloat16)]
+        outs = {c.name: torch.empty((m, n), dtype=torch.bfloat16, device="cuda") for c in timed}
+        burst_telemetry = {c.name: bench.Telemetry(handle) for c in timed}
+        burst = bench.time_burst(timed, a, b, outs, repeat, burst_telemetry, seed)
+        hosts = bench.host_us(timed, sets, {name: bench.median_ms(r) for name, r in burst.items()})
+        loop_telemetry = {c.name: bench.Telemetry(handle) for c in timed}
+        loop = bench.time_back_to_back(timed, sets, loop_telemetry, seed)
+        common = {"gpu": torch.cuda.get_device_name(), "m": m, "n": n, "k": k, "tilus": tilus.__version__,
+                  "torch": torch.__version__, "date": datetime.date.today().isoformat()}
+        size_rows = [common | {"version": c.name, "dtype": dtype_of(c.name), "rel_err": f"{errors[c.name]:.3g}"}
+                     for c in contenders if c not in timed]
+        for regime, rounds, telemetry in (("burst", burst, burst_telemetry), ("back-to-back", loop, loop_telemetry)):
+            for c in timed:
+                ms = bench.median_ms(rounds[c.name])
+                versus = versus_of(c.name, rounds)
+                pct, spread = bench.ratio_and_spread({"cublas": rounds[versus], c.name: rounds[c.name]}, c.name) \
+                    if versus != c.name else (100.0, 0.0)
+                data_bytes = (m * k + n * k) * (1 if "fp8" in dtype_of(c.name) else 2) + m * n * 2
+                mj = telemetry[c.name].mj_per_call
+                size_rows.append(common | {key: f"{value:.5g}" if isinstance(value, float) else value for key, value in {
+                    "version": c.name, "dtype": dtype_of(c.name), "regime": regime, "ms": ms,
+                    "tflops": measure.tflops(m, n, k, ms), "pct_of_cublas": pct, "pct_spread": spread,
+                    "host_us": hosts[c.name], "sm_mhz": telemetry[c.name].sm_mhz, "power_w": telemetry[c.name].power_w,
+                    "pct_of_clock_peak": 100 * measure.tflops(m, n, k, ms) / (telemetry[c.name].sm_mhz / 1000)
+                    / (num_sms * bench.FLOP_PER_CLOCK_PER_SM * (2 if "fp8" in dtype_of(c.name) else 1) / 1000),
+                    "pct_of_bandwidth": 100 * data_bytes / (ms * 1e-3) / copy_bytes_per_s,
+                    "mj_per_gemm": mj if regime == "back-to-back" else math.nan,
+                    "rel_err": errors[c.name], "config": config_of(c.name, m, n, k),
+                }.items()})
+        rows += size_rows
+        if on_size:
+            on_size(size_rows)
+    return rows
+
+
+def dtype_of(name: str) -> str:
+    """The dtype column: 'fp8 tensor', 'fp8 row', 'fp8 block' or 'bf16'."""
+    return f"fp8 {name.split()[-1]}" if name.split()[-1] in SCALINGS else "bf16"
+
+
+def versus_of(name: str, rounds: dict) -> str:
+    """The contender a row is compared with: cuBLAS doing the same (the same scaling, or bf16), or v7 per-tensor
+    for block-wise where torch offers no block-wise fp8."""
+    if name.startswith("v7"):
+        same = name.replace("v7", "cublas fp8")
+        return same if same in rounds else "v7 tensor"
+    return "cublas"
+
+
+_SCHEDULES: dict[str, object] = {}
+
+
+def config_of(name: str, m: int, n: int, k: int) -> str:
+    """The schedule v7's tuner picked for this scaling at this size; empty for the others."""
+    if not name.startswith("v7"):
+        return ""
+    scaling = name.split()[-1]
+    script_cls = _SCHEDULES[scaling]
+    scale_strides = {"tensor": (0, 0, 0, 0), "row": (1, 0, 1, 0),
+                     "block": (-(-k // BLOCK), 1, -(-k // BLOCK), 1)}[scaling]
+    return dispatch.format_schedule(chosen_schedule(script_cls, m, n, k, scale_strides))
+
+
+def check(matmul, sizes, timeout_s: float) -> int:
+    """Every scaling at every size against the fp32 product of the dequantized inputs; 1 if any is wrong."""
+    results = []
+    for seed, (m, n, k) in enumerate(sizes):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        a = torch.randn((m, k), generator=gen, device="cuda")
+        b = torch.randn((n, k), generator=gen, device="cuda")
+        for scaling, (ga, gb) in GRANULARITY.items():
+            (a8, sa), (b8, sb) = quantize(a, ga), quantize(b, gb)
+            out = torch.full((m, n), math.nan, dtype=torch.bfloat16, device="cuda")
+            matmul(a8, b8, sa, sb, out)
+            measure.sync_or_exit(f"v7 {scaling} at {m}x{n}x{k}", timeout_s)
+            err = measure.relative_error(out, reference(a8, b8, sa, sb))
+            results.append([f"{m}x{n}x{k}", scaling, f"{err:.2e}",
+                            "ok" if measure.passes(err, torch.bfloat16) else "WRONG", config_of(f"v7 {scaling}", m, n, k)])
+    print(_table(["size", "scaling", "rel. error", "result", "schedule"], results))
+    return 1 if any(row[3] != "ok" for row in results) else 0
+
+
+def main(version: str, kernels: dict, blockwise_kernels: dict, matmul, argv=None) -> int:
+    """v7's command line: check every scaling, benchmark it against cuBLAS's fp8 and v6's bf16, or build only."""
+    from support import build
+
+    parser = argparse.ArgumentParser(description=f"{version}: fp8 GEMMs with scales, checked and timed")
+    parser.add_argument("--sizes", nargs="+", type=parse_size, default=None, help="sizes, N or MxNxK")
+    parser.add_argument("--check-only", action="store_true", help="check every scaling; no timing")
+    parser.add_argument("--compile-only", action="store_true", help="build every schedule without a GPU")
+    parser.add_argument("--repeat", type=int, default=100, help="burst runs per contender")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a kernel counts as hung")
+    args = parser.parse_args(argv)
+    _SCHEDULES.update({"tensor": kernels.get("hopper"), "row": kernels.get("hopper"),
+                       "block": blockwise_kernels.get("hopper")})
+    arch = None
+    try:
+        arch = None if args.compile_only else gpu_arch()
+    except UnsupportedGPUError as reason:
+        print(f"No Hopper or Blackwell GPU here ({reason}): building {version} instead (compile-only).", flush=True)
+    if arch is None:
+        failed = 0
+        for name, table in (("per-tensor and row-wise", kernels), ("block-wise", blockwise_kernels)):
+            for arch_name, script_cls in table.items():
+                print(f"{name}: {script_cls.__name__} for {ARCHS[arch_name].sm}", flush=True)
+                results = build.build_schedules(script_cls, arch_name, call_args=kernel_args(
+                    4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132))
+                failed += sum(not r.ok for r in results)
+        return 1 if failed else 0
+    if arch not in kernels:
+        print(f"{version} has no {arch} kernel here (docs/v7.md)", file=sys.stderr)
+        return 1
+    if args.check_only:
+        return check(matmul, args.sizes or CHECK_SIZES, args.timeout)
+    import importlib
+
+    path = RESULTS_DIR / f"{gpu_label()}_fp8.csv"
+    rows = benchmark(matmul, importlib.import_module("matmul_v6").matmul, args.sizes or SIZES, args.repeat,
+                     args.timeout, on_size=lambda size_rows: save_rows(size_rows, path))
+    print(_table(["size", "regime", "contender", "ms", "TFLOPS", "% of same on cuBLAS", "spread", "% of copy BW",
+                  "rel. error", "schedule"],
+                 [["x".join(str(r[d]) for d in "mnk"), r.get("regime", "-"), r["version"], r.get("ms", "-"),
+                   r.get("tflops", "-"), r.get("pct_of_cublas", "-"), r.get("pct_spread", "-"),
+                   r.get("pct_of_bandwidth", "-"), r["rel_err"], r.get("config", "")] for r in rows]))
+    print(f"wrote {path.relative_to(REPO)}")
+    return 0 if all(measure.passes(float(r["rel_err"]), torch.bfloat16) for r in rows) else 1

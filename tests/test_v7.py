@@ -1,0 +1,288 @@
+"""v7, fp8 e4m3 with scales: the kernels build (CPU), the host side's quantize, scaling and input rules (CPU),
+and the product on a GPU (marked `gpu`; skipped with the reason where there is none)."""
+
+import functools
+import math
+import re
+
+import pytest
+import tilus
+import torch
+
+import matmul_v7
+from support import build, cache, dispatch, gpu, measure, scaled
+
+FP8 = torch.float8_e4m3fn
+KERNEL_TABLES = ["KERNELS", "BLOCKWISE_KERNELS"]  # per-tensor and row-wise; block-wise
+# pointers as 0 and unit scale strides: the strides are kernel arguments, not compiled in
+BUILD_ARGS = scaled.kernel_args(4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132)
+
+
+@functools.cache  # each kernel's whole space once per session: about 20 s each, CI has 2 cores
+def built(table: str) -> list[build.BuildResult]:
+    return build.build_schedules(getattr(matmul_v7, table)["hopper"], "hopper", progress=lambda line: None,
+                                 call_args=BUILD_ARGS)
+
+
+def describe(r: build.BuildResult) -> str:
+    return f"{dispatch.format_schedule(r.schedule)}: {r.describe(gpu.ARCHS['hopper'])}"
+
+
+@pytest.mark.parametrize("table", KERNEL_TABLES)
+def test_every_schedule_builds_for_sm_90a(table):
+    # tilus' autotuner silently drops schedules that fail to build: count them here
+    kernel = getattr(matmul_v7, table)["hopper"]
+    results = built(table)
+    assert len(results) == dispatch.space_size(kernel)
+    failed = [describe(r) for r in results if not r.ok]
+    assert not failed, f"{kernel.__name__} schedules that do not build: {failed}"
+
+
+@pytest.mark.parametrize("table", KERNEL_TABLES)
+def test_no_local_memory_no_ptxas_warnings(table):
+    # spills or a stack frame put registers in local memory, and ptxas warns where it serialises
+    # wgmma (C7515, C7520) or drops setmaxnreg (C7508): each a silent slowdown
+    for r in built(table):
+        assert r.ok, describe(r)
+        assert (r.spill_bytes, r.stack_bytes, r.ptxas_warnings) == (0, 0, []), describe(r)
+
+
+@pytest.mark.parametrize("table", KERNEL_TABLES)
+def test_every_wgmma_is_e4m3_and_as_wide_as_the_tile(table):
+    # an fp16/bf16 wgmma here would mean the operands were read as the wrong type; a narrower N
+    # than the tile, that tilus split it (compat defect 7)
+    for r in built(table):
+        mmas = re.findall(r"wgmma\.mma_async\S*", (r.module_dir / "source.ptx").read_text())
+        assert mmas, f"{describe(r)}: no wgmma in the PTX"
+        assert all(mma.endswith(".f32.e4m3.e4m3") for mma in mmas), (describe(r), set(mmas))
+        widths = {re.search(r"\.m64n(\d+)k32\.", mma).group(1) for mma in mmas}
+        assert widths == {str(r.schedule["block_n"])}, f"{describe(r)}: wgmma N {widths}"
+
+
+def test_fp16_output_builds_and_stores_fp16():
+    # A and B are fp8, which TMA moves as bytes (UINT8); C's tensor map and the epilogue's conversion
+    # carry the output dtype: bf16 in the default build, fp16 (and no bf16) in the fp16 one
+    def output_types(r: build.BuildResult) -> tuple[set, set]:
+        maps = set(re.findall(r"CU_TENSOR_MAP_DATA_TYPE_(\w+)", (r.module_dir / "source.cu").read_text()))
+        return maps, set(re.findall(r"cvt\.rn\.(b?f16)(?:x2)?\.f32", (r.module_dir / "source.ptx").read_text()))
+
+    assert output_types(built("KERNELS")[0]) == ({"UINT8", "BFLOAT16"}, {"bf16"})
+    (r,) = build.build_schedules(matmul_v7.HopperMatmulV7, "hopper", progress=lambda line: None,
+                                 script_kwargs={"out_dtype": tilus.float16}, call_args=BUILD_ARGS, limit=1)
+    assert r.ok and (r.spill_bytes, r.stack_bytes, r.ptxas_warnings) == (0, 0, []), describe(r)
+    assert output_types(r) == ({"UINT8", "FLOAT16"}, {"f16"})
+
+
+# --- quantize, scaling_of, check_inputs, reference (CPU) ---
+
+def block_amax(x: torch.Tensor, block_rows: int, block_cols: int) -> torch.Tensor:
+    """The largest magnitude of each block_rows x block_cols block of x, the last ones partial."""
+    rows, cols = x.shape
+    padded = torch.nn.functional.pad(x.abs(), (0, -cols % block_cols, 0, -rows % block_rows))
+    return padded.view(padded.shape[0] // block_rows, block_rows, -1, block_cols).amax(dim=(1, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("granularity", scaled.GRANULARITIES)
+def test_quantize(granularity, dtype):
+    rows, k = 1000, 2000  # neither a multiple of 128: partial blocks in both directions
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(0)).to(dtype)
+    x8, scale = scaled.quantize(x, granularity)
+    block = {"tensor": (rows, k), "row": (1, k), "1x128": (1, 128), "128x128": (128, 128)}[granularity]
+    shape = {"tensor": None, "row": (rows, 1), "1x128": (rows, 16), "128x128": (8, 16)}[granularity]
+    assert scale.dtype == torch.float32, scale.dtype
+    assert scale.numel() == 1 if shape is None else tuple(scale.shape) == shape, scale.shape
+    assert x8.dtype == FP8 and x8.shape == x.shape
+    assert x8.float().abs().max() <= scaled.E4M3_MAX, "values past e4m3's range (or NaN)"
+    # each scale maps its block's largest magnitude to 448 exactly (x / (amax / 448) rounds to 448)
+    amax8 = block_amax(x8.float(), *block)
+    assert torch.equal(amax8, torch.full_like(amax8, scaled.E4M3_MAX)), amax8.unique()
+    # e4m3 keeps 3 mantissa bits: rounding to nearest errs by at most half an ulp, 2^-4 of the value's
+    # power of two. Spread evenly, that is 2^-4 / sqrt(3) = 3.6% of the power of two RMS, and less of
+    # the value, 1 to 2 times it: about 2.6% measured. Subnormals lie more than 2^14 below a block's
+    # max and weigh nothing in the norm. 4% leaves room for that, not for a scale a few percent off.
+    dequantized = x8.float() * scaled.expand(scale, rows, k)
+    err = (torch.linalg.norm(dequantized - x.float()) / torch.linalg.norm(x.float())).item()
+    assert err < 0.04, f"{granularity}: dequantized x is {err:.3%} off"
+
+
+def test_quantize_rejects_an_unknown_granularity():
+    with pytest.raises(ValueError, match="granularity must be one of"):
+        scaled.quantize(torch.randn(4, 128), "64x64")
+
+
+def operands(m: int, n: int, k: int, scaling: str, device: str = "cpu", seed: int = 0):
+    """(a8, b8, scale_a, scale_b): random normal A and B quantized with the scaling's granularities."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    a = torch.randn(m, k, generator=gen, device=device)
+    b = torch.randn(n, k, generator=gen, device=device)
+    (a8, sa), (b8, sb) = (scaled.quantize(x, g) for x, g in zip((a, b), scaled.GRANULARITY[scaling]))
+    return a8, b8, sa, sb
+
+
+# N and K past a multiple of 128 (3 and 4 blocks), and K of one block, where a block-wise scale_a
+# is M x 1 like a row-wise one and scale_b tells them apart
+@pytest.mark.parametrize("k", [400, 128])
+@pytest.mark.parametrize("scaling", scaled.SCALINGS)
+def test_scaling_is_read_from_the_scales_shapes(scaling, k):
+    m, n = 40, 264
+    a8, b8, sa, sb = operands(m, n, k, scaling)
+    assert scaled.scaling_of(m, n, k, sa, sb) == scaling
+    assert scaled.scaling_of(m, n, k, sa, torch.ones(n + 1, 1)) is None
+
+
+@pytest.mark.parametrize("scaling", scaled.SCALINGS)
+def test_reference_is_the_product_of_the_dequantized_inputs(scaling):
+    # in float64, each element's scale indexed by hand rather than through scaled.expand
+    m, n, k = 5, 136, 272
+    a8, b8, sa, sb = operands(m, n, k, scaling, seed=1)
+    kb, rows_a, rows_b = torch.arange(k) // 128, torch.arange(m)[:, None], torch.arange(n)[:, None]
+    if scaling == "tensor":
+        sa64, sb64 = sa.double().reshape(1, 1), sb.double().reshape(1, 1)
+    elif scaling == "row":
+        sa64, sb64 = sa.double(), sb.double()
+    else:
+        sa64, sb64 = sa.double()[rows_a, kb], sb.double()[rows_b // 128, kb]
+    expected = (a8.double() * sa64) @ (b8.double() * sb64).T
+    ref = scaled.reference(a8, b8, sa, sb)
+    assert ref.dtype == torch.float32 and ref.shape == (m, n)
+    err = (torch.linalg.norm(ref.double() - expected) / torch.linalg.norm(expected)).item()
+    assert err < 1e-6, err  # fp32 sums of 272 products
+
+
+def valid_inputs(device: str) -> dict:
+    """A valid call's arguments, row-wise, M x N x K = 32 x 64 x 256."""
+    a8, b8, sa, sb = operands(32, 64, 256, "row", device)
+    return dict(a=a8, b=b8, scale_a=sa, scale_b=sb, out=None, out_dtype=torch.bfloat16)
+
+
+# name -> (change to valid_inputs(device), error, the rule's words in its message)
+BAD_INPUTS = {
+    "a not a tensor": (lambda x: {"a": x["a"].float().tolist()}, TypeError, "a must be a torch.Tensor"),
+    "a not fp8": (lambda x: {"a": x["a"].to(torch.bfloat16)}, TypeError, "a must be torch.float8_e4m3fn"),
+    "b bf16": (lambda x: {"b": x["b"].to(torch.bfloat16)}, TypeError,
+               "b must be torch.float8_e4m3fn, got torch.bfloat16"),
+    "a 3-D": (lambda x: {"a": x["a"][None]}, ValueError, "a must be 2-D"),
+    "scale_a float64": (lambda x: {"scale_a": x["scale_a"].double()}, TypeError, "scale_a must be torch.float32"),
+    "scale_b of no scaling's shape": (lambda x: {"scale_b": x["scale_b"][:8]}, ValueError,
+                                      "fit no scaling for 32x64x256"),
+    "scale_a 1-D": (lambda x: {"scale_a": x["scale_a"][:, 0]}, ValueError, "fit no scaling"),
+    "K not a multiple of 16": (lambda x: {"a": x["a"][:, :200].contiguous(), "b": x["b"][:, :200].contiguous()},
+                               ValueError, "K must be a multiple of 16"),
+    "N not a multiple of 8": (lambda x: {"b": x["b"][:60], "scale_b": x["scale_b"][:60]}, ValueError,
+                              "N must be a multiple of 8"),
+    "K mismatch": (lambda x: {"b": x["b"][:, :240].contiguous()}, ValueError, "K mismatch"),
+    "M = 0": (lambda x: {"a": x["a"][:0], "scale_a": x["scale_a"][:0]}, ValueError, "empty dimension"),
+    "K = 0": (lambda x: {"a": x["a"][:, :0], "b": x["b"][:, :0]}, ValueError, "empty dimension"),
+    "a not contiguous": (lambda x: {"a": x["a"].T.contiguous().T}, ValueError, r"a must be contiguous"),
+    "out of the wrong dtype": (lambda x: {"out": torch.empty(32, 64, device=x["a"].device)}, ValueError,
+                               r"out must be torch.bfloat16 or torch.float16 of shape \(32, 64\), got torch.float32"),
+    "out of the wrong shape": (lambda x: {"out": torch.empty(32, 72, dtype=torch.bfloat16, device=x["a"].device)},
+                               ValueError, r"out must be torch.bfloat16 or torch.float16 of shape \(32, 64\)"),
+    "out_dtype float32": (lambda x: {"out_dtype": torch.float32}, TypeError,
+                          "out_dtype must be torch.bfloat16 or torch.float16"),
+    "scale_b on the CPU": (lambda x: {"scale_b": x["scale_b"].cpu()}, ValueError, "is on the CPU; move it to the GPU"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_refused_naming_the_rule(case):
+    change, error, words = BAD_INPUTS[case]
+    inputs = valid_inputs("cpu")
+    with pytest.raises(error, match=words):
+        scaled.check_inputs(**inputs | change(inputs))
+
+
+def test_valid_input_on_the_cpu_is_told_to_move_to_the_gpu():
+    with pytest.raises(ValueError, match="a is on the CPU; move it to the GPU"):
+        scaled.check_inputs(**valid_inputs("cpu"))
+
+
+# --- on a GPU ---
+
+def call(scaling: str, m: int, n: int, k: int, out_dtype=torch.bfloat16, seed: int = 0):
+    """(out, reference): matmul into a NaN-poisoned out, so any tile left unwritten fails."""
+    a8, b8, sa, sb = operands(m, n, k, scaling, "cuda", seed)
+    out = torch.full((m, n), math.nan, dtype=out_dtype, device="cuda")
+    assert matmul_v7.matmul(a8, b8, sa, sb, out=out) is out
+    measure.sync_or_exit(f"v7 {scaling} at {m}x{n}x{k}", 60)
+    return out, scaled.reference(a8, b8, sa, sb)
+
+
+# decode (M = 1, swap_ab's tiles), K past a multiple of 128 (2064: a partial K block, and a scale block
+# of 16 columns) with N past a multiple of every tile width, and a large one
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (37, 1000, 2064), (512, 4096, 4096)])
+@pytest.mark.parametrize("scaling", scaled.SCALINGS)
+def test_matmul_matches_the_dequantized_reference(scaling, m, n, k):
+    out, ref = call(scaling, m, n, k)
+    err = measure.relative_error(out, ref)
+    assert measure.passes(err, torch.bfloat16), f"v7 {scaling} at {m}x{n}x{k}: relative error {err:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scaling", scaled.SCALINGS)
+def test_matmul_stores_fp16(scaling):
+    # fp16's bound where the product itself is that exact: block-wise, whose error in bf16 is bf16's
+    # rounding alone (1.66e-3 at 4096^3, results/h100_fp8.csv). Per-tensor and row-wise sums run the
+    # whole of K in the fp8 wgmma's narrower accumulator (2.1e-3 there: about 1.3e-3 of its own), so
+    # bf16's bound; fp16 bits read as bf16 (or the reverse) would be far off either way
+    out, ref = call(scaling, 37, 1000, 2064, out_dtype=torch.float16, seed=1)
+    err = measure.relative_error(out, ref)
+    bound = torch.float16 if scaling == "block" else torch.bfloat16
+    assert out.dtype == torch.float16 and measure.passes(err, bound), f"v7 {scaling}, fp16: relative error {err:.3g}"
+    a8, b8, sa, sb = operands(37, 1000, 2064, scaling, "cuda", 1)
+    assert matmul_v7.matmul(a8, b8, sa, sb, out_dtype=torch.float16).dtype == torch.float16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scaling", scaled.SCALINGS)
+def test_stream_k_schedules_are_bitwise_deterministic(scaling):
+    # the owner adds its sharers' sums in a fixed order: every stream-K schedule, not only the tuned
+    # one, gives the same bits run after run on shapes whose tiles are split over several SMs
+    # (a skinny and a decode one), and leaves the workspace's flags at 0 for the next launch
+    kernel = (matmul_v7.BLOCKWISE_KERNELS if scaling == "block" else matmul_v7.KERNELS)["hopper"]
+    cache.use_cache(kernel, gpu.gpu_label())
+    for m, n, k in [(128, 8192, 8192), (16, 4096, 14336)]:
+        a8, b8, sa, sb = operands(m, n, k, scaling, "cuda", seed=2)
+        ref = scaled.reference(a8, b8, sa, sb)
+        out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+        args = scaled.kernel_args(m, n, k, a8, b8, out, sa, sb, scaled.strides(scaling, sa, sb))
+        jit = kernel(out_dtype=tilus.bfloat16)._jit_instance_for(*args)
+        jit.programs()
+        stream_k = [(c, jit.schedules[i]) for c, i in zip(jit.compiled_programs, jit.valid_schedules)
+                    if jit.schedules[i]["stream_k"]]
+        assert stream_k, f"{kernel.__name__} has no stream-K schedule"
+        for compiled, schedule in stream_k:
+            what = f"{kernel.__name__} {dispatch.format_schedule(schedule)} at {m}x{n}x{k}"
+            runs = []
+            for _ in range(3):
+                out.fill_(math.nan)
+                compiled.get_launch_func()(*args)
+                runs.append(out.clone())
+            measure.sync_or_exit(what, 60)
+            assert all(torch.equal(run, runs[0]) for run in runs[1:]), f"{what}: runs differ"
+            assert measure.passes(measure.relative_error(runs[0], ref), torch.bfloat16), what
+            assert int(args[7].abs().sum()) == 0, f"{what}: stream-K flags left set"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_gpu_input_is_refused_naming_the_rule(case):
+    change, error, words = BAD_INPUTS[case]
+    inputs = valid_inputs("cuda")
+    inputs |= change(inputs)
+    # the checks alone first, which launch nothing: input that slips through them would reach a kernel
+    with pytest.raises(error, match=words):
+        scaled.check_inputs(**inputs)
+    with pytest.raises(error, match=words):
+        matmul_v7.matmul(**inputs)
+
+
+@pytest.mark.gpu
+def test_out_sharing_memory_with_an_input_is_refused():
+    inputs = valid_inputs("cuda")
+    raw = torch.empty(32 * 256, dtype=torch.uint8, device="cuda")  # a's bytes, and out's from the same address
+    inputs["a"] = raw.view(FP8).view(32, 256).copy_(inputs["a"])
+    with pytest.raises(ValueError, match="must not share memory"):
+        matmul_v7.matmul(**inputs | {"out": raw[:32 * 64 * 2].view(torch.bfloat16).view(32, 64)})

@@ -44,14 +44,16 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from support import cache, cli, gpu  # noqa: E402
+import torch  # noqa: E402
+
+from support import cache, cli, gpu, measure  # noqa: E402
 from support.bench import Contender  # noqa: E402
 
 REPO = cache.REPO
 FIGURES = REPO / "docs" / "figures"
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # <!-- kind slug args --> ... <!-- /kind -->: a table written from results/<slug>.csv (see update_documents)
-BLOCK = re.compile(r"(<!-- (results|launch|dtypes|trails|compare|versions|repeat|model) (\S+)((?: \S+)*) -->\n)(.*?)"
+BLOCK = re.compile(r"(<!-- (results|launch|dtypes|trails|compare|versions|repeat|model|fp8) (\S+)((?: \S+)*) -->\n)(.*?)"
                    r"(<!-- /\2 -->)", re.S)
 
 
@@ -463,6 +465,60 @@ def model_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def fp8_table(rows: list[dict], decode: bool) -> str:
+    """matmul_v7.py's rows: v7 against torch._scaled_mm with each scaling, and v6 and cuBLAS in bf16.
+
+    Large shapes in TFLOPS, decode shapes (M <= 64) in % of the copy bandwidth; each v7 cell
+    also gives its % of cuBLAS with the same scaling (of v7 per-tensor for block-wise where
+    torch has no block-wise fp8 at that shape) and half the spread.
+    """
+    by_key = {(r["version"], r["regime"], int(r["m"]), int(r["n"]), int(r["k"])): r for r in rows if r.get("regime")}
+    sizes = sorted({key[2:] for key in by_key if (key[2] <= 64) == decode}, key=lambda s: (s[0] * s[1] * s[2], s))
+    value = (lambda r: f"{float(r['pct_of_bandwidth']):.0f}%") if decode else (lambda r: f"{float(r['tflops']):,.0f}")
+
+    def cell(name, regime, size, versus=False):
+        r = by_key.get((name, regime, *size))
+        if r is None:
+            return "-"
+        ratio = f" ({float(r['pct_of_cublas']):.1f}% ±{float(r['pct_spread']) / 2:.1f})" if versus else ""
+        return value(r) + ratio
+
+    unit = "% of copy bandwidth" if decode else "TFLOPS"
+    lines = ["| size | regime | bf16: cuBLAS / v6 | per-tensor: cuBLAS / v7 | row-wise: cuBLAS / v7 | "
+             "block-wise: cuBLAS / v7 | v7 per-tensor / v6 |", "|---|---|---|---|---|---|---|"]
+    for size in sizes:
+        for regime in ("burst", "back-to-back"):
+            v6, v7 = by_key.get(("v6", regime, *size)), by_key.get(("v7 tensor", regime, *size))
+            speedup = f"{float(v6['ms']) / float(v7['ms']):.2f}x" if v6 and v7 else "-"
+            lines.append(f"| {'x'.join(map(str, size))} | {regime} | {cell('cublas', regime, size)} / "
+                         f"{cell('v6', regime, size)} | " + " | ".join(
+                             f"{cell(f'cublas fp8 {s}', regime, size)} / {cell(f'v7 {s}', regime, size, True)}"
+                             for s in ("tensor", "row", "block")) + f" | {speedup} |")
+    first = rows[0]
+    lines += ["", f"{first['gpu']}, {first['date']}, tilus {first['tilus']}, torch {first['torch']}: {unit}; "
+              "each v7 cell's % is of cuBLAS (torch._scaled_mm) with the same scaling, or of v7 per-tensor where torch "
+              "takes no block-wise scales at that shape (-), ± half the spread over the rounds. Inputs: random normal "
+              "bf16, quantized per tensor, per row, or in 1 x 128 (A) and 128 x 128 (B) blocks; C bf16. Burst and "
+              "back to back as in docs/reference.md. Blackwell: not built (docs/v7.md)."]
+    return "\n".join(lines) + "\n"
+
+
+def fp8_errors_table(rows: list[dict]) -> str:
+    """Each scaling's relative error against the fp32 product of its dequantized inputs, by K (the large shapes)."""
+    errors = {(r["version"], int(r["m"]), int(r["n"]), int(r["k"])): float(r["rel_err"]) for r in rows if r["rel_err"]}
+    sizes = sorted({key[1:] for key in errors if key[1] > 64}, key=lambda s: (s[2], s))
+    names = ["v7 tensor", "v7 row", "v7 block", "cublas fp8 tensor", "cublas fp8 row", "cublas fp8 block"]
+    lines = ["| size | K | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for size in sizes:
+        lines.append(f"| {'x'.join(map(str, size))} | {size[2]:,} | " + " | ".join(
+            f"{errors[(name, *size)]:.2e}" if (name, *size) in errors else "-" for name in names) + " |")
+    first = rows[0]
+    lines += ["", f"{first['gpu']}, {first['date']}: relative Frobenius error of C (bf16) against the fp32 product "
+              f"of the same dequantized inputs; rounding C to bf16 alone gives {measure.rounding_error(torch.bfloat16):.2e} "
+              "(measure.rounding_error)."]
+    return "\n".join(lines) + "\n"
+
+
 def update_documents(csv_dir: Path = cli.RESULTS_DIR, documents: list[Path] = DOCUMENTS) -> list[Path]:
     """Rewrite each table block from results/<gpu>.csv (and <gpu>_repeat.csv); return the documents that changed."""
     changed = []
@@ -471,7 +527,7 @@ def update_documents(csv_dir: Path = cli.RESULTS_DIR, documents: list[Path] = DO
 
         def render(match):
             kind, slug, args = match.group(2), match.group(3), match.group(4).split()
-            rows = read_rows(csv_dir / f"{slug}.csv") if kind != "model" else []
+            rows = read_rows(csv_dir / f"{slug}.csv") if kind not in ("model", "fp8") else []
             dtype = args[1] if len(args) > 1 and args[1] in cli.DTYPE_NAMES else "fp16"
             first = args[0].split(",") if args else []
             table = {"results": lambda: results_table(rows, first, dtype),
@@ -480,6 +536,8 @@ def update_documents(csv_dir: Path = cli.RESULTS_DIR, documents: list[Path] = DO
                      "compare": lambda: compare_table(rows, *first, args[1].split(",")),
                      "versions": lambda: versions_table(rows, first[0]),
                      "model": lambda: model_table(cli.read_csv(csv_dir / f"{slug}_model.csv")),
+                     "fp8": lambda: (fp8_errors_table if first[0] == "errors" else fp8_table)(
+                         cli.read_csv(csv_dir / f"{slug}_fp8.csv"), *(() if first[0] == "errors" else (first[0] == "decode",))),
                      "repeat": lambda: repeat_table(rows, read_rows(again)) if (again := csv_dir / f"{slug}_repeat.csv")
                      .exists() else "Not measured yet: `python plot.py` measures it at the end of a run.\n"}[kind]()
             return match.group(1) + table + match.group(6)

@@ -74,13 +74,8 @@ def _fits_out(out, a: torch.Tensor, b: torch.Tensor, m: int, n: int, index: int)
             and not _overlaps(out, a) and not _overlaps(out, b))
 
 
-def check_each_rule(a, b, out=None) -> tuple[int, int, int, int]:
-    """The rules one by one, each raising a TypeError/ValueError that names it; (M, N, K, GPU index) if all hold."""
-    _check_tensor("a", a)
-    _check_tensor("b", b)
-    if a.dtype != b.dtype:
-        raise TypeError(f"a and b must have one dtype (both torch.float16 or both torch.bfloat16), got {a.dtype} and "
-                        f"{b.dtype}")
+def check_sizes(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
+    """(M, N, K) of 2-D a (M x K) and b (N x K), or a ValueError naming the rule (v7's rules too)."""
     (m, k), (n, kb) = a.shape, b.shape
     if k != kb:
         raise ValueError(f"K mismatch: a is {m}x{k} and b is {n}x{kb}; C = A @ B.T needs a.shape[1] == b.shape[1]")
@@ -88,6 +83,17 @@ def check_each_rule(a, b, out=None) -> tuple[int, int, int, int]:
         raise ValueError(f"empty dimension: M={m}, N={n}, K={k}; all must be at least 1")
     if max(m * k, n * k, m * n) >= 2**31:
         raise ValueError(f"{m}x{n}x{k} is too large: the kernels index each matrix with 32-bit integers")
+    return m, n, k
+
+
+def check_each_rule(a, b, out=None) -> tuple[int, int, int, int]:
+    """The rules one by one, each raising a TypeError/ValueError that names it; (M, N, K, GPU index) if all hold."""
+    _check_tensor("a", a)
+    _check_tensor("b", b)
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must have one dtype (both torch.float16 or both torch.bfloat16), got {a.dtype} and "
+                        f"{b.dtype}")
+    m, n, k = check_sizes(a, b)
     _check_layout("a", a)
     _check_layout("b", b)
     if out is not None:

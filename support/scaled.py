@@ -23,6 +23,7 @@ import tilus
 import torch
 
 from support import bench, dispatch, measure
+from support.checks import check_sizes
 from support.cache import use_cache
 from support.cli import REPO, RESULTS_DIR, _table, parse_size, save_rows
 from support.gpu import ARCHS, UnsupportedGPUError, gpu_arch, gpu_label
@@ -139,13 +140,7 @@ def check_each_rule(a, b, scale_a, scale_b, out, out_dtype) -> tuple[int, int, i
             raise TypeError(f"{name} must be torch.float8_e4m3fn, got {t.dtype} (quantize makes it)")
         if t.dim() != 2:
             raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
-    (m, k), (n, kb) = a.shape, b.shape
-    if k != kb:
-        raise ValueError(f"K mismatch: a is {m}x{k} and b is {n}x{kb}; C = A @ B.T needs a.shape[1] == b.shape[1]")
-    if 0 in (m, n, k):
-        raise ValueError(f"empty dimension: M={m}, N={n}, K={k}; all must be at least 1")
-    if max(m * k, n * k, m * n) >= 2**31:
-        raise ValueError(f"{m}x{n}x{k} is too large: the kernels index each matrix with 32-bit integers")
+    m, n, k = check_sizes(a, b)
     for name, t in (("a", a), ("b", b)):
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous (row-major); call .contiguous() first")

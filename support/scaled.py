@@ -301,8 +301,11 @@ def cublas_fp8(scaling: str, a8, b8, scale_a, scale_b):
     return None, last
 
 
-def benchmark(matmul, v6_matmul, sizes, repeat: int, timeout_s: float, on_size=None) -> list[dict]:
-    """v7 with each scaling, torch._scaled_mm with each, v6 and cuBLAS in bf16, at each size, in both regimes."""
+def benchmark(matmul, kernels: dict, v6_matmul, sizes, repeat: int, timeout_s: float, on_size=None) -> list[dict]:
+    """v7 with each scaling, torch._scaled_mm with each, v6 and cuBLAS in bf16, at each size, in both regimes.
+
+    ``kernels`` maps each scaling to v7's kernel class here (for the schedule column).
+    """
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     copy_bytes_per_s = bench.copy_bandwidth()
     handle = bench.nvml_handle()
@@ -339,6 +342,8 @@ def benchmark(matmul, v6_matmul, sizes, repeat: int, timeout_s: float, on_size=N
             measure.sync_or_exit(f"{c.name} at {m}x{n}x{k}", timeout_s)
             errors[c.name] = measure.relative_error(result, refs[c.name])
         del refs
+        schedules = {f"v7 {scaling}": config_of(kernels[scaling], scaling, m, n, k, q[1], q[3])
+                     for scaling, q in quantized[id(a)].items()}
         timed = [c for c in contenders if measure.passes(errors[c.name], torch.bfloat16)]
         outs = {c.name: torch.empty((m, n), dtype=torch.bfloat16, device="cuda") for c in timed}
         burst_telemetry = {c.name: bench.Telemetry(handle) for c in timed}
@@ -366,7 +371,7 @@ def benchmark(matmul, v6_matmul, sizes, repeat: int, timeout_s: float, on_size=N
                     / (num_sms * bench.FLOP_PER_CLOCK_PER_SM * (2 if "fp8" in dtype_of(c.name) else 1) / 1000),
                     "pct_of_bandwidth": 100 * data_bytes / (ms * 1e-3) / copy_bytes_per_s,
                     "mj_per_gemm": mj if regime == "back-to-back" else math.nan,
-                    "rel_err": errors[c.name], "config": config_of(c.name, m, n, k),
+                    "rel_err": errors[c.name], "config": schedules.get(c.name, ""),
                 }.items()})
         rows += size_rows
         if on_size:
@@ -388,22 +393,16 @@ def versus_of(name: str, rounds: dict) -> str:
     return "cublas"
 
 
-_SCHEDULES: dict[str, object] = {}
+def config_of(script_cls, scaling: str, m: int, n: int, k: int, scale_a, scale_b) -> str:
+    """The schedule v7's tuner picked for these scales (their scaling and strides) at this size."""
+    return dispatch.format_schedule(chosen_schedule(script_cls, m, n, k, strides(scaling, scale_a, scale_b)))
 
 
-def config_of(name: str, m: int, n: int, k: int) -> str:
-    """The schedule v7's tuner picked for this scaling at this size; empty for the others."""
-    if not name.startswith("v7"):
-        return ""
-    scaling = name.split()[-1]
-    script_cls = _SCHEDULES[scaling]
-    scale_strides = {"tensor": (0, 0, 0, 0), "row": (1, 0, 1, 0),
-                     "block": (-(-k // BLOCK), 1, -(-k // BLOCK), 1)}[scaling]
-    return dispatch.format_schedule(chosen_schedule(script_cls, m, n, k, scale_strides))
+def check(matmul, kernels: dict, sizes, timeout_s: float) -> int:
+    """Every scaling at every size against the fp32 product of the dequantized inputs; 1 if any is wrong.
 
-
-def check(matmul, sizes, timeout_s: float) -> int:
-    """Every scaling at every size against the fp32 product of the dequantized inputs; 1 if any is wrong."""
+    ``kernels`` maps each scaling to the kernel class that runs it here (for the schedule column).
+    """
     results = []
     for seed, (m, n, k) in enumerate(sizes):
         gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -416,7 +415,8 @@ def check(matmul, sizes, timeout_s: float) -> int:
             measure.sync_or_exit(f"v7 {scaling} at {m}x{n}x{k}", timeout_s)
             err = measure.relative_error(out, reference(a8, b8, sa, sb))
             results.append([f"{m}x{n}x{k}", scaling, f"{err:.2e}",
-                            "ok" if measure.passes(err, torch.bfloat16) else "WRONG", config_of(f"v7 {scaling}", m, n, k)])
+                            "ok" if measure.passes(err, torch.bfloat16) else "WRONG",
+                            config_of(kernels[scaling], scaling, m, n, k, sa, sb)])
     print(_table(["size", "scaling", "rel. error", "result", "schedule"], results))
     return 1 if any(row[3] != "ok" for row in results) else 0
 
@@ -432,8 +432,6 @@ def main(version: str, kernels: dict, blockwise_kernels: dict, matmul, argv=None
     parser.add_argument("--repeat", type=int, default=100, help="burst runs per contender")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a kernel counts as hung")
     args = parser.parse_args(argv)
-    _SCHEDULES.update({"tensor": kernels.get("hopper"), "row": kernels.get("hopper"),
-                       "block": blockwise_kernels.get("hopper")})
     arch = None
     try:
         arch = None if args.compile_only else gpu_arch()
@@ -451,12 +449,13 @@ def main(version: str, kernels: dict, blockwise_kernels: dict, matmul, argv=None
     if arch not in kernels:
         print(f"{version} has no {arch} kernel here (docs/v7.md)", file=sys.stderr)
         return 1
+    by_scaling = {"tensor": kernels[arch], "row": kernels[arch], "block": blockwise_kernels[arch]}
     if args.check_only:
-        return check(matmul, args.sizes or CHECK_SIZES, args.timeout)
+        return check(matmul, by_scaling, args.sizes or CHECK_SIZES, args.timeout)
     import importlib
 
     path = RESULTS_DIR / f"{gpu_label()}_fp8.csv"
-    rows = benchmark(matmul, importlib.import_module("matmul_v6").matmul, args.sizes or SIZES, args.repeat,
+    rows = benchmark(matmul, by_scaling, importlib.import_module("matmul_v6").matmul, args.sizes or SIZES, args.repeat,
                      args.timeout, on_size=lambda size_rows: save_rows(size_rows, path))
     print(_table(["size", "regime", "contender", "ms", "TFLOPS", "% of same on cuBLAS", "spread", "% of copy BW",
                   "rel. error", "schedule"],

@@ -4,6 +4,7 @@ and the product on a GPU (marked `gpu`; skipped with the reason where there is n
 import functools
 import math
 import re
+import sys
 
 import pytest
 import tilus
@@ -11,6 +12,8 @@ import torch
 
 import matmul_v7
 from support import build, cache, dispatch, gpu, measure, scaled
+from test_gpu import run_child
+from test_reliability import SANITIZER
 
 FP8 = torch.float8_e4m3fn
 KERNEL_TABLES = ["KERNELS", "BLOCKWISE_KERNELS"]  # per-tensor and row-wise; block-wise
@@ -286,3 +289,19 @@ def test_out_sharing_memory_with_an_input_is_refused():
     inputs["a"] = raw.view(FP8).view(32, 256).copy_(inputs["a"])
     with pytest.raises(ValueError, match="must not share memory"):
         matmul_v7.matmul(**inputs | {"out": raw[:32 * 64 * 2].view(torch.bfloat16).view(32, 64)})
+
+
+SANITIZER_SIZES = ["129x264x144", "1x264x144"]  # ragged M and N, a 16-column K block; a decode tile
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(SANITIZER is None, reason="compute-sanitizer is not on PATH nor in the CUDA toolkit's bin")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_sanitizer_clean_at_a_small_size(tool):
+    # every scaling's tuned schedule: built and tuned outside the sanitizer, then picked from the cache
+    check = [sys.executable, "matmul_v7.py", "--check-only", "--sizes", *SANITIZER_SIZES]
+    run_child(check, 600)
+    output = run_child([SANITIZER, "--tool", tool, "--error-exitcode", "1", *check], 900)
+    clean = {"memcheck": "ERROR SUMMARY: 0 errors", "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors",
+             "synccheck": "ERROR SUMMARY: 0 errors"}
+    assert clean[tool] in output

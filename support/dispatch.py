@@ -125,12 +125,8 @@ def first_call_at_size(kernels: dict, index: int, m: int, n: int, k: int, a, b, 
         out = a.new_empty(m, n)
     key = (script_cls, a.dtype, index, bucket(m), bucket(n), bucket(k))
     launcher = _by_bucket.get(key)
-    if launcher is None and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            f"{script_cls.__name__}: the first call at {m}x{n}x{k} builds and tunes its size bucket, which "
-            "synchronizes the GPU and cannot be recorded into a CUDA graph: call it once at this size before the "
-            "capture (run the model once eagerly, or support.torch_op.prepare)")
     if launcher is None:
+        refuse_capture(f"{script_cls.__name__}: the first call at {m}x{n}x{k}")
         launcher = _by_bucket[key] = first_launch(script_cls, gpu, m, n, k, a, b, out)
     else:
         run(launcher, index, m, n, k, a, b, out)
@@ -140,16 +136,40 @@ def first_call_at_size(kernels: dict, index: int, m: int, n: int, k: int, a, b, 
     return out
 
 
-def first_launch(script_cls, gpu: Device, m: int, n: int, k: int, a, b, out) -> tuple:
-    """Build and tune this size's bucket (once per machine; cached on disk), run it, return its launcher."""
+def refuse_capture(first_call: str) -> None:
+    """A first call builds and tunes, which synchronizes the GPU: inside a CUDA graph capture, say so instead."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{first_call} builds and tunes its size bucket, which synchronizes the GPU and cannot be recorded into "
+            "a CUDA graph: call it once at this size before the capture (run the model once eagerly, or "
+            "support.torch_op.prepare)")
+
+
+def build_tune_run(script_cls, gpu: Device, args: tuple, **script_kwargs):
+    """Build and tune the bucket of ``args``' size (once per machine; cached on disk), run it, return its launch
+    function; ``script_kwargs`` go to the kernel's constructor."""
     with torch.cuda.device(gpu.index):
         use_cache(script_cls, gpu.label)
-        script = script_cls(dtype=TILUS_DTYPES[a.dtype])
-        args = kernel_args(script_cls, m, n, k, a, b, out, gpu.num_sms)
+        script = script_cls(**script_kwargs)
         tune_once(script, args)
         script(*args)
-        extra = args[6:]
-        return script.dispatch_table[keys(script, args)], extra, tuple(pointer(x) for x in extra)
+        return script.dispatch_table[keys(script, args)]
+
+
+def first_launch(script_cls, gpu: Device, m: int, n: int, k: int, a, b, out) -> tuple:
+    """Build, tune and run this size's bucket; return its launcher and the arguments after the tensors."""
+    args = kernel_args(script_cls, m, n, k, a, b, out, gpu.num_sms)
+    extra = args[6:]
+    return build_tune_run(script_cls, gpu, args, dtype=TILUS_DTYPES[a.dtype]), extra, tuple(pointer(x) for x in extra)
+
+
+def sm_count(num_sms: int | None = None) -> int:
+    """``num_sms``, or the SM count of the current GPU, or 132 when building without one (an argument of the
+    kernel, not compiled into it)."""
+    if num_sms is not None:
+        return num_sms
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
+        if torch.cuda.is_available() else 132
 
 
 def pointer(x):
@@ -199,9 +219,7 @@ def kernel_args(script_cls, m: int, n: int, k: int, a, b, out, num_sms: int | No
     args = (m, n, k, a, b, out)
     if not is_persistent(script_cls):
         return args
-    if num_sms is None:
-        num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
-            if torch.cuda.is_available() else 132
+    num_sms = sm_count(num_sms)
     if "partials_ptr" not in parameters(script_cls):
         return (*args, num_sms)
     return (*args, num_sms, *(workspace(a.device, num_sms) if isinstance(a, torch.Tensor) else (0, 0)))

@@ -24,7 +24,6 @@ import torch
 
 from support import bench, dispatch, measure
 from support.checks import check_sizes
-from support.cache import use_cache
 from support.cli import REPO, RESULTS_DIR, _table, parse_size, save_rows
 from support.gpu import ARCHS, UnsupportedGPUError, gpu_arch, gpu_label
 
@@ -189,9 +188,7 @@ def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
 def kernel_args(m: int, n: int, k: int, a, b, out, scale_a, scale_b, scale_strides: tuple,
                 num_sms: int | None = None) -> tuple:
     """v7's kernel arguments: v6's, then the two scales' addresses and their element strides."""
-    if num_sms is None:
-        num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
-            if torch.cuda.is_available() else 132
+    num_sms = dispatch.sm_count(num_sms)
     workspace = dispatch.workspace(a.device, num_sms) if isinstance(a, torch.Tensor) else (0, 0)
     return (m, n, k, a, b, out, num_sms, *workspace, scale_a, scale_b, *scale_strides)
 
@@ -233,17 +230,9 @@ def first_launch(kernels, blockwise_kernels, scaling, index, m, n, k, a, b, out,
     script_cls = (blockwise_kernels if scaling == "block" else kernels).get(gpu.arch)
     if script_cls is None:
         raise NotImplementedError(f"{scaling}-wise fp8 has no {gpu.arch} kernel here (docs/v7.md says why)")
-    if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            f"{script_cls.__name__}: the first call at {m}x{n}x{k} with {scaling} scales builds and tunes, which "
-            "cannot be recorded into a CUDA graph: call it once at this size before the capture")
-    with torch.cuda.device(index):
-        use_cache(script_cls, gpu.label)
-        script = script_cls(out_dtype=OUT_DTYPES[out.dtype])
-        args = kernel_args(m, n, k, a, b, out, scale_a, scale_b, scale_strides, gpu.num_sms)
-        dispatch.tune_once(script, args)
-        script(*args)
-        return script.dispatch_table[dispatch.keys(script, args)]
+    dispatch.refuse_capture(f"{script_cls.__name__}: the first call at {m}x{n}x{k} with {scaling} scales")
+    args = kernel_args(m, n, k, a, b, out, scale_a, scale_b, scale_strides, gpu.num_sms)
+    return dispatch.build_tune_run(script_cls, gpu, args, out_dtype=OUT_DTYPES[out.dtype])
 
 
 def chosen_schedule(script_cls, m, n, k, scale_strides, out_dtype=torch.bfloat16) -> dict:

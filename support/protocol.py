@@ -75,10 +75,11 @@ The rules
     ``fence.proxy.async.shared::cta`` followed by a thread synchronisation (the writers
     fence, then the storing thread may read). A kernel with no TMA store passes.
 ``mma-descriptor`` (Blackwell)
-    The ``tcgen05.mma`` instruction descriptor (kind::f16, PTX ISA 9.1, 9.7.16.4.2, Table
-    42: D type in bits 4-5, A and B types in 7-9 and 10-12, N >> 3 in bits 17-22, M >> 4 in
-    bits 24-28) says the schedule's tile: M = block_m, N = block_n, an fp32 accumulator, A
-    and B of the schedule's dtype.
+    The ``tcgen05.mma`` instruction descriptor (PTX ISA 9.1, 9.7.16.4.2, Table 42: D type
+    in bits 4-5, A and B types in 7-9 and 10-12, N >> 3 in bits 17-22, M >> 4 in bits
+    24-28) says the schedule's tile: M = block_m, N = block_n, an fp32 accumulator, A and B
+    of the operands' dtype (the schedule's, or v7's e4m3), and the instruction's kind is
+    the one for that dtype (kind::f16 for fp16 and bf16, kind::f8f6f4 for e4m3).
 ``cta-group`` (Blackwell)
     The cta_group of every tcgen05 alloc, dealloc, mma and commit (CUDA and PTX) equals the
     cluster size the kernel is launched with (``__cluster_dims__``), which equals the
@@ -105,8 +106,9 @@ RULES = (
 )
 TMEM_COLUMNS = 512
 _EVIDENCE = Path(__file__).resolve().parent.parent / "docs" / "evidence.py"
-# tcgen05 kind::f16 instruction descriptor, A/B type field: PTX ISA Table 42
-_AB_TYPES = {"float16": 0, "bfloat16": 1}
+# the operands' dtype -> the tcgen05.mma kind and the instruction descriptor's A/B type field (PTX ISA
+# Table 42: kind::f16 F16 0, BF16 1; kind::f8f6f4 E4M3 0, E5M2 1)
+_AB_TYPES = {"float16": ("f16", 0), "bfloat16": ("f16", 1), "float8_e4m3": ("f8f6f4", 0)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -632,13 +634,18 @@ def check_proxy_fence(kernel: Kernel, schedule: dict) -> list[tuple[str, str]]:
     return found
 
 
-def check_mma(kernel: Kernel, schedule: dict) -> list[tuple[str, str]]:
+def check_mma(kernel: Kernel, schedule: dict, operands: str | None = None) -> list[tuple[str, str]]:
     found = []
     mmas = kernel.calls_of("tcgen05.mma")
     if not mmas:
         return [("mma-descriptor", "no tcgen05.mma")]
-    dtype = str(schedule.get("dtype", "float16")).split(".")[-1]
+    dtype = operands or str(schedule.get("dtype", "float16")).split(".")[-1]
+    kind, type_code = _AB_TYPES.get(dtype, (None, None))
     for call in mmas:
+        asm_kind = re.search(r"kind::(\w+)", kernel.helpers[call.name].asm)
+        if kind is None or not asm_kind or asm_kind.group(1) != kind:
+            found.append(("mma-descriptor", (f"tcgen05.mma kind::{asm_kind.group(1) if asm_kind else '?'} for "
+                                             f"{dtype} operands ({kernel.lines(call.start)})")))
         idesc = kernel.helpers[call.name].params.index("i_desc")
         value = _strip_casts(call.args[idesc]).strip("() ")
         if not value.isdigit():
@@ -650,9 +657,9 @@ def check_mma(kernel: Kernel, schedule: dict) -> list[tuple[str, str]]:
         if (m, n) != want:
             found.append(("mma-descriptor", (f"instruction descriptor {d} says M={m} N={n}, the tile is "
                                              f"{want[0]} x {want[1]} ({kernel.lines(call.start)})")))
-        if d_type != 1 or a_type != _AB_TYPES.get(dtype) or b_type != _AB_TYPES.get(dtype):
+        if d_type != 1 or a_type != type_code or b_type != type_code:
             found.append(("mma-descriptor", (f"instruction descriptor {d}: D type {d_type} (F32 = 1), A type {a_type}, "
-                                             f"B type {b_type} ({dtype} = {_AB_TYPES.get(dtype)}) "
+                                             f"B type {b_type} ({dtype} = {type_code}) "
                                              f"({kernel.lines(call.start)})")))
     cluster = schedule.get("cluster_m", 1)
     if kernel.cluster != cluster:
@@ -671,8 +678,12 @@ def check_mma(kernel: Kernel, schedule: dict) -> list[tuple[str, str]]:
     return found
 
 
-def check(source_cu: str, ptx: str, schedule: dict, arch: str, registers: int | None = None) -> list[Violation]:
-    """Every rule that applies to the architecture; [] when the kernel follows them all."""
+def check(source_cu: str, ptx: str, schedule: dict, arch: str, registers: int | None = None,
+          operands: str | None = None) -> list[Violation]:
+    """Every rule that applies to the architecture; [] when the kernel follows them all.
+
+    ``operands``: A's and B's dtype where the schedule does not name it (v7's 'float8_e4m3').
+    """
     try:
         kernel = Kernel(source_cu, ptx)
     except Unrecognised as error:
@@ -680,7 +691,7 @@ def check(source_cu: str, ptx: str, schedule: dict, arch: str, registers: int | 
     checks = [(check_mbarriers, "mbarrier-count"), (check_proxy_fence, "proxy-fence")]
     if arch == "blackwell":
         checks += [(lambda k, s: check_tmem(k, s, registers), "tmem-dealloc"), (check_ordering, "flush-before-ld"),
-                   (check_mma, "mma-descriptor")]
+                   (lambda k, s: check_mma(k, s, operands), "mma-descriptor")]
     violations = []
     for function, rule in checks:
         try:
@@ -691,8 +702,8 @@ def check(source_cu: str, ptx: str, schedule: dict, arch: str, registers: int | 
     return violations
 
 
-def check_build(result, arch: str) -> list[Violation]:
+def check_build(result, arch: str, operands: str | None = None) -> list[Violation]:
     """check() on a support.build.BuildResult: its source.cu, source.ptx, schedule and registers."""
     module = Path(result.module_dir)
     return check((module / "source.cu").read_text(), (module / "source.ptx").read_text(), result.schedule, arch,
-                 registers=result.registers or None)
+                 registers=result.registers or None, operands=operands)

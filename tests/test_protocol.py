@@ -272,6 +272,15 @@ def test_planted_descriptor_shape(built, field):
     assert any("says M=" in m for m in messages), messages
 
 
+def test_planted_kind_for_other_operands(built):
+    # the same kernel text said to have e4m3 operands: its kind::f16 MMA is the wrong kind for them
+    r = blackwell_kernel(built)
+    source, ptx = texts(r)
+    violations = protocol.check(source, ptx, r.schedule, "blackwell", r.registers, operands="float8_e4m3")
+    messages = [v.message for v in violations if v.rule == "mma-descriptor"]
+    assert any("kind::f16 for float8_e4m3 operands" in m for m in messages), messages
+
+
 def test_planted_cluster_for_a_one_cta_mma(built):
     r = blackwell_kernel(built)
     source, _ptx = texts(r)

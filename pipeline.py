@@ -74,6 +74,15 @@ class Pipeline(tilus.Class):
         with self.single_thread():
             self.mbarrier.arrive_and_expect_tx(self.full_barriers[self.producer_stage], transaction_bytes)
 
+    def producer_wait(self):
+        """Wait until slot producer_stage is empty, announcing nothing: for a producer whose arrival on the full
+        barrier is a ``tcgen05.commit`` (``producer_commit_async``), not a TMA load's bytes."""
+        self.mbarrier.wait(self.empty_barriers[self.producer_stage], phase=self.producer_phase)
+
+    def producer_commit_async(self):
+        """Slot producer_stage is full once the tensor core has finished every MMA issued so far (v7's TMEM ring)."""
+        self.tcgen05.commit(mbarrier=self.full_barriers[self.producer_stage])
+
     def producer_barrier(self) -> RegisterTensor:
         """The barrier the TMA loads into slot producer_stage complete on."""
         return self.full_barriers[self.producer_stage]
@@ -129,6 +138,10 @@ class Pipeline(tilus.Class):
                 # release at CTA scope, as for the local arrive: a cluster-scope release stalls the
                 # thread until its earlier writes are visible cluster-wide, once per K step
                 self.mbarrier.arrive_and_expect_tx_remote(barrier, 0, target_rank=1 - rank, scope="cta")
+
+    def consumer_release(self):
+        """Free slot consumer_stage: every calling thread arrives on its empty barrier (empty count: the threads)."""
+        self.mbarrier.arrive(self.empty_barriers[self.consumer_stage])
 
     def consumer_release_async(self):
         """Free slot consumer_stage once the tensor core has finished every MMA issued so far."""

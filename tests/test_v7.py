@@ -11,7 +11,7 @@ import tilus
 import torch
 
 import matmul_v7
-from support import build, cache, dispatch, gpu, measure, scaled
+from support import build, cache, dispatch, gpu, measure, protocol, scaled
 from test_gpu import run_child
 from test_reliability import SANITIZER
 
@@ -21,33 +21,45 @@ KERNEL_TABLES = ["KERNELS", "BLOCKWISE_KERNELS"]  # per-tensor and row-wise; blo
 BUILD_ARGS = scaled.kernel_args(4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132)
 
 
-@functools.cache  # each kernel's whole space once per session: about 20 s each, CI has 2 cores
-def built(table: str) -> list[build.BuildResult]:
-    return build.build_schedules(getattr(matmul_v7, table)["hopper"], "hopper", progress=lambda line: None,
+@functools.cache  # each kernel's whole space once per session: 10-20 s each, CI has 2 cores
+def built(table: str, arch: str = "hopper") -> list[build.BuildResult]:
+    return build.build_schedules(getattr(matmul_v7, table)[arch], arch, progress=lambda line: None,
                                  call_args=BUILD_ARGS)
 
 
-def describe(r: build.BuildResult) -> str:
-    return f"{dispatch.format_schedule(r.schedule)}: {r.describe(gpu.ARCHS['hopper'])}"
+def describe(r: build.BuildResult, arch: str = "hopper") -> str:
+    return f"{dispatch.format_schedule(r.schedule)}: {r.describe(gpu.ARCHS[arch])}"
 
 
+@pytest.mark.parametrize("arch", ["hopper", "blackwell"])
 @pytest.mark.parametrize("table", KERNEL_TABLES)
-def test_every_schedule_builds_for_sm_90a(table):
+def test_every_schedule_builds(table, arch):
     # tilus' autotuner silently drops schedules that fail to build: count them here
-    kernel = getattr(matmul_v7, table)["hopper"]
-    results = built(table)
+    kernel = getattr(matmul_v7, table)[arch]
+    results = built(table, arch)
     assert len(results) == dispatch.space_size(kernel)
-    failed = [describe(r) for r in results if not r.ok]
+    failed = [describe(r, arch) for r in results if not r.ok]
     assert not failed, f"{kernel.__name__} schedules that do not build: {failed}"
 
 
+@pytest.mark.parametrize("arch", ["hopper", "blackwell"])
 @pytest.mark.parametrize("table", KERNEL_TABLES)
-def test_no_local_memory_no_ptxas_warnings(table):
+def test_no_local_memory_no_ptxas_warnings(table, arch):
     # spills or a stack frame put registers in local memory, and ptxas warns where it serialises
     # wgmma (C7515, C7520) or drops setmaxnreg (C7508): each a silent slowdown
-    for r in built(table):
-        assert r.ok, describe(r)
-        assert (r.spill_bytes, r.stack_bytes, r.ptxas_warnings) == (0, 0, []), describe(r)
+    for r in built(table, arch):
+        assert r.ok, describe(r, arch)
+        assert (r.spill_bytes, r.stack_bytes, r.ptxas_warnings) == (0, 0, []), describe(r, arch)
+
+
+@pytest.mark.parametrize("arch", ["hopper", "blackwell"])
+@pytest.mark.parametrize("table", KERNEL_TABLES)
+def test_every_schedule_follows_the_protocol(table, arch):
+    # support/protocol.py's rules, as for v1-v6 (tests/test_protocol.py); on Blackwell, where v7 never
+    # runs here, they include TMEM allocation, the partials' ring's barrier counts and fences, and
+    # every tcgen05.mma being kind::f8f6f4 with e4m3 operands and the tile's shape
+    found = [str(v) for r in built(table, arch) for v in protocol.check_build(r, arch, operands="float8_e4m3")]
+    assert not found, "\n".join(found)
 
 
 @pytest.mark.parametrize("table", KERNEL_TABLES)
@@ -62,17 +74,18 @@ def test_every_wgmma_is_e4m3_and_as_wide_as_the_tile(table):
         assert widths == {str(r.schedule["block_n"])}, f"{describe(r)}: wgmma N {widths}"
 
 
-def test_fp16_output_builds_and_stores_fp16():
+@pytest.mark.parametrize("arch", ["hopper", "blackwell"])
+def test_fp16_output_builds_and_stores_fp16(arch):
     # A and B are fp8, which TMA moves as bytes (UINT8); C's tensor map and the epilogue's conversion
     # carry the output dtype: bf16 in the default build, fp16 (and no bf16) in the fp16 one
     def output_types(r: build.BuildResult) -> tuple[set, set]:
         maps = set(re.findall(r"CU_TENSOR_MAP_DATA_TYPE_(\w+)", (r.module_dir / "source.cu").read_text()))
         return maps, set(re.findall(r"cvt\.rn\.(b?f16)(?:x2)?\.f32", (r.module_dir / "source.ptx").read_text()))
 
-    assert output_types(built("KERNELS")[0]) == ({"UINT8", "BFLOAT16"}, {"bf16"})
-    (r,) = build.build_schedules(matmul_v7.HopperMatmulV7, "hopper", progress=lambda line: None,
+    assert output_types(built("KERNELS", arch)[0]) == ({"UINT8", "BFLOAT16"}, {"bf16"})
+    (r,) = build.build_schedules(matmul_v7.KERNELS[arch], arch, progress=lambda line: None,
                                  script_kwargs={"out_dtype": tilus.float16}, call_args=BUILD_ARGS, limit=1)
-    assert r.ok and (r.spill_bytes, r.stack_bytes, r.ptxas_warnings) == (0, 0, []), describe(r)
+    assert r.ok and (r.spill_bytes, r.stack_bytes, r.ptxas_warnings) == (0, 0, []), describe(r, arch)
     assert output_types(r) == ({"UINT8", "FLOAT16"}, {"f16"})
 
 

@@ -46,7 +46,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import torch  # noqa: E402
 
-from support import cache, cli, gpu, measure  # noqa: E402
+from support import bench, cache, cli, gpu, measure  # noqa: E402
 from support.bench import Contender  # noqa: E402
 
 REPO = cache.REPO
@@ -499,7 +499,31 @@ def fp8_table(rows: list[dict], decode: bool) -> str:
               "each v7 cell's % is of cuBLAS (torch._scaled_mm) with the same scaling, or of v7 per-tensor where torch "
               "takes no block-wise scales at that shape (-), ± half the spread over the rounds. Inputs: random normal "
               "bf16, quantized per tensor, per row, or in 1 x 128 (A) and 128 x 128 (B) blocks; C bf16. Burst and "
-              "back to back as in docs/reference.md. Blackwell: not built (docs/v7.md)."]
+              "back to back as in docs/reference.md. Blackwell: built for sm_100a, never run (docs/v7.md)."]
+    return "\n".join(lines) + "\n"
+
+
+def fp8_peer_table(rows: list[dict]) -> str:
+    """The Triton kernels torch.compile makes of torch._scaled_mm (``matmul_v7.py --peer``) beside cuBLAS and v7."""
+    by_key = {(r["version"], r["regime"], int(r["m"]), int(r["n"]), int(r["k"])): r for r in rows if r.get("regime")}
+    sizes = sorted({key[2:] for key in by_key if key[0].startswith("triton")}, key=lambda s: (s[0] * s[1] * s[2], s))
+    if not sizes:
+        return "Not measured yet: `python matmul_v7.py --peer` measures it.\n"
+
+    def cell(name, regime, size):
+        r = by_key.get((name, regime, *size))
+        return "-" if r is None else f"{float(r['tflops']):,.0f} ({float(r['pct_of_cublas']):.1f}%)"
+
+    lines = ["| size | regime | per-tensor: Triton / v7 | row-wise: Triton / v7 |", "|---|---|---|---|"]
+    for size in sizes:
+        for regime in ("burst", "back-to-back"):
+            lines.append(f"| {'x'.join(map(str, size))} | {regime} | " + " | ".join(
+                f"{cell(f'triton fp8 {s}', regime, size)} / {cell(f'v7 {s}', regime, size)}" for s in ("tensor", "row"))
+                + " |")
+    first = next(r for key, r in by_key.items() if key[0].startswith("triton"))
+    lines += ["", f"{first['gpu']}, {first['date']}, torch {first['torch']}: TFLOPS (% of cuBLAS with the same scaling, "
+              "same run); Triton: torch.compile of the same torch._scaled_mm call, max-autotune-no-cudagraphs, "
+              "Inductor's Triton templates only (support/bench.py, compile_peer)."]
     return "\n".join(lines) + "\n"
 
 
@@ -536,8 +560,9 @@ def update_documents(csv_dir: Path = cli.RESULTS_DIR, documents: list[Path] = DO
                      "compare": lambda: compare_table(rows, *first, args[1].split(",")),
                      "versions": lambda: versions_table(rows, first[0]),
                      "model": lambda: model_table(cli.read_csv(csv_dir / f"{slug}_model.csv")),
-                     "fp8": lambda: (fp8_errors_table if first[0] == "errors" else fp8_table)(
-                         cli.read_csv(csv_dir / f"{slug}_fp8.csv"), *(() if first[0] == "errors" else (first[0] == "decode",))),
+                     "fp8": lambda: {"errors": fp8_errors_table, "peer": fp8_peer_table,
+                                     "large": lambda r: fp8_table(r, False), "decode": lambda r: fp8_table(r, True)}[
+                         first[0]](cli.read_csv(csv_dir / f"{slug}_fp8.csv")),
                      "repeat": lambda: repeat_table(rows, read_rows(again)) if (again := csv_dir / f"{slug}_repeat.csv")
                      .exists() else "Not measured yet: `python plot.py` measures it at the end of a run.\n"}[kind]()
             return match.group(1) + table + match.group(6)
@@ -675,14 +700,8 @@ def _classes_figure(rows: list[dict], slug: str, out_dir: Path, dtype: str) -> l
 
 def peer_contender(m: int, n: int, k: int) -> Contender:
     """The Triton GEMM torch.compile reaches for this shape (compiled and autotuned on its first call)."""
-    import torch._dynamo
-    import torch._inductor.config as inductor
-
-    inductor.max_autotune_gemm_backends = "TRITON"  # a Triton kernel, never cuBLAS behind the name
-    inductor.triton.enable_persistent_tma_matmul = True
     print(f"{PEER} peer at {m}x{n}x{k}: torch.compile autotunes its Triton templates on the first call...", flush=True)
-    torch._dynamo.reset()  # one compiled graph per shape, no recompile limit
-    compiled = torch.compile(lambda x, y: x @ y.T, mode="max-autotune-no-cudagraphs", dynamic=False)
+    compiled = bench.compile_peer(lambda x, y: x @ y.T)
     return Contender(PEER, lambda a, b, out: compiled(a, b), PEER_CONFIG)
 
 

@@ -50,6 +50,18 @@ class Contender:
     config: str = ""
 
 
+def compile_peer(fn):
+    """``fn`` through torch.compile as the peer: Inductor's Triton templates only (never cuBLAS behind the name),
+    the persistent TMA template enabled, autotuned on the first call at each shape (one graph per shape)."""
+    import torch._dynamo
+    import torch._inductor.config as inductor
+
+    inductor.max_autotune_gemm_backends = "TRITON"
+    inductor.triton.enable_persistent_tma_matmul = True
+    torch._dynamo.reset()  # a fresh graph for this shape: no recompile limit across sizes
+    return torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False)
+
+
 class Telemetry:
     """Mean SM clock and board power of one contender over its timed windows, and their energy, from NVML.
 

@@ -287,10 +287,18 @@ def cublas_fp8(scaling: str, a8, b8, scale_a, scale_b):
     return None, last
 
 
-def benchmark(matmul, kernels: dict, v6_matmul, sizes, repeat: int, timeout_s: float, on_size=None) -> list[dict]:
+# the scalings Inductor's Triton templates are timed with (peer=True): its block-wise template gave C with a
+# relative error of 1.25e4 at 4096^3 on the H100 (torch 2.11), so it is left out
+PEER_SCALINGS = ("tensor", "row")
+
+
+def benchmark(matmul, kernels: dict, v6_matmul, sizes, repeat: int, timeout_s: float, on_size=None,
+              peer: bool = False) -> list[dict]:
     """v7 with each scaling, torch._scaled_mm with each, v6 and cuBLAS in bf16, at each size, in both regimes.
 
-    ``kernels`` maps each scaling to v7's kernel class here (for the schedule column).
+    ``kernels`` maps each scaling to v7's kernel class here (for the schedule column). With
+    ``peer``, also the Triton kernel torch.compile makes of the same torch._scaled_mm call
+    (``bench.compile_peer``), per-tensor and row-wise ("triton fp8 <scaling>").
     """
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     copy_bytes_per_s = bench.copy_bandwidth()
@@ -317,6 +325,13 @@ def benchmark(matmul, kernels: dict, v6_matmul, sizes, repeat: int, timeout_s: f
                       for key, q in ((key, q[scaling]) for key, q in quantized.items())}
             contenders.append(bench.Contender(f"cublas fp8 {scaling}", lambda a, b, out, c=cached: torch._scaled_mm(
                 *c[id(a)][:2], *c[id(a)][2:], out_dtype=torch.bfloat16)))
+            if peer and scaling in PEER_SCALINGS:
+                print(f"{m}x{n}x{k}: torch.compile autotunes its Triton templates for {scaling}-wise fp8 on the first "
+                      "call...", flush=True)
+                compiled = bench.compile_peer(lambda x, y, sx, sy: torch._scaled_mm(x, y, sx, sy, out_dtype=torch.bfloat16))
+                refs[f"triton fp8 {scaling}"] = refs[f"v7 {scaling}"]
+                contenders.append(bench.Contender(f"triton fp8 {scaling}", lambda a, b, out, c=cached, f=compiled: f(
+                    *c[id(a)])))
         refs["v6"] = refs["cublas"] = a.float() @ b.float().T
         contenders += [bench.Contender("v6", v6_matmul), bench.Contender("cublas", lambda a, b, out: torch.matmul(a, b.T))]
         print(f"{m}x{n}x{k}: the first call at a size bucket builds and tunes each scaling's kernel (cached "
@@ -373,8 +388,8 @@ def dtype_of(name: str) -> str:
 def versus_of(name: str, rounds: dict) -> str:
     """The contender a row is compared with: cuBLAS doing the same (the same scaling, or bf16), or v7 per-tensor
     for block-wise where torch offers no block-wise fp8."""
-    if name.startswith("v7"):
-        same = name.replace("v7", "cublas fp8")
+    if name.startswith(("v7", "triton")):
+        same = "cublas fp8 " + name.split()[-1]
         return same if same in rounds else "v7 tensor"
     return "cublas"
 
@@ -417,6 +432,8 @@ def main(version: str, kernels: dict, blockwise_kernels: dict, matmul, argv=None
     parser.add_argument("--compile-only", action="store_true", help="build every schedule without a GPU")
     parser.add_argument("--repeat", type=int, default=100, help="burst runs per contender")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a kernel counts as hung")
+    parser.add_argument("--peer", action="store_true",
+                        help="also time the Triton kernel torch.compile makes of torch._scaled_mm (per-tensor, row-wise)")
     args = parser.parse_args(argv)
     arch = None
     try:
@@ -439,7 +456,7 @@ def main(version: str, kernels: dict, blockwise_kernels: dict, matmul, argv=None
 
     path = RESULTS_DIR / f"{gpu_label()}_fp8.csv"
     rows = benchmark(matmul, by_scaling, importlib.import_module("matmul_v6").matmul, args.sizes or SIZES, args.repeat,
-                     args.timeout, on_size=lambda size_rows: save_rows(size_rows, path))
+                     args.timeout, on_size=lambda size_rows: save_rows(size_rows, path), peer=args.peer)
     print(_table(["size", "regime", "contender", "ms", "TFLOPS", "% of same on cuBLAS", "spread", "% of copy BW",
                   "rel. error", "schedule"],
                  [["x".join(str(r[d]) for d in "mnk"), r.get("regime", "-"), r["version"], r.get("ms", "-"),

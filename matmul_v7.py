@@ -10,7 +10,8 @@ A ~= A8 * scale_a and B ~= B8 * scale_b, and C = (A8 B8^T) scaled.
    bytes: a K block of 128 fp8 columns is 128 B a row, one box under the 128-byte swizzle.
 2. Per-tensor and row-wise scales, in the epilogue: a scale per row of A and per row of B
    multiply the fp32 sums, C[i, j] = scale_a[i] * scale_b[j] * sum_k A8[i, k] B8[j, k];
-   a per-tensor scale is a row-wise one with stride 0 (one kernel, two views).
+   a per-tensor scale is a row-wise one with stride 0 (one kernel, two views). They are
+   loaded while the last K block's wgmmas run: after them, the tensor cores wait.
 3. Block-wise scales (DeepSeek-V3's: 1 x 128 for activations, 128 x 128 for weights):
    the scale changes every 128 K, so each K block's sum is scaled on its own and added
    into an fp32 accumulator in registers, the promotion (HopperMatmulV7Blockwise). It also
@@ -702,8 +703,8 @@ class HopperMatmulV7(tilus.Script):
                     self.epilogue(warpgroup, acc, tile_m, tile_n)
 
     def mma(self, warpgroup: int, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """This warpgroup's rows of one piece, K blocks k_begin to k_end, into a fresh accumulator (the tile's
-        place matters only to the block-wise kernel's scales)."""
+        """This warpgroup's rows of one piece, K blocks k_begin to k_end, into a fresh accumulator; the tile's
+        place says which scales to load."""
         if self.owner_starts_from_partial:
             acc = self.start_from_partial(warpgroup, k_begin, k_end)
         else:
@@ -719,6 +720,10 @@ class HopperMatmulV7(tilus.Script):
             if k_block > k_begin:
                 self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
             self.pipe.consumer_advance()
+        if not self.stream_k:
+            # the epilogue's scales in flight during the last K block's wgmmas, not after them; stream-K's
+            # owner holds a sharer's partial beside the sum, and there the scales would spill
+            self.scales = self.tile_scales(warpgroup, tile_m, tile_n)
         # Hopper's flush: the accumulator is final only now, and the piece's last slot is free
         self.wgmma.wait_group(0)
         self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
@@ -791,11 +796,16 @@ class HopperMatmulV7(tilus.Script):
         self.g_scale_rows = self.global_view(ptr_a, dtype=float32, shape=[rows_a, 1], strides=[a_0, 1])
         self.g_scale_cols = self.global_view(ptr_b, dtype=float32, shape=[1, rows_b], strides=[1, b_0])
 
-    def scaled(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32) -> RegisterTensor:
-        """The tile's fp32 sums times the outer product of its rows' and its columns' scales."""
+    def tile_scales(self, warpgroup: int, tile_m: int32, tile_n: int32):
+        """This warpgroup's row scales and the tile's column scales."""
         rows = self.load_global(self.g_scale_rows, offsets=[self.block_m * tile_m + warpgroup * self.consumer_m, 0],
                                 shape=[self.consumer_m, 1])
         cols = self.load_global(self.g_scale_cols, offsets=[0, self.block_n * tile_n], shape=[1, self.block_n])
+        return rows, cols
+
+    def scaled(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32) -> RegisterTensor:
+        """The tile's fp32 sums times the outer product of its rows' and its columns' scales."""
+        rows, cols = self.tile_scales(warpgroup, tile_m, tile_n) if self.stream_k else self.scales
         return acc * rows * cols
 
     def epilogue(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):

@@ -64,6 +64,8 @@ BOX_K = 128
 @tilus.autotune("group_m", [8])
 @tilus.autotune("stream_k", [False, True])
 class BlackwellMatmulV7(tilus.Script):
+    warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
+
     def __init__(
         self,
         block_m: int,
@@ -111,29 +113,8 @@ class BlackwellMatmulV7(tilus.Script):
     ):
         # 2. operands: global views (with swap_ab C^T = B A^T, as on Hopper), shared tiles, the
         # accumulator; the stream-K workspace (a ready flag and a partial tile per CTA)
-        self.g_c = self.global_view(c_ptr, dtype=self.out_dtype, shape=[m_size, n_size])
-        swapped, plain = (b_ptr, a_ptr, n_size, m_size), (a_ptr, b_ptr, m_size, n_size)
-        ptr_a, ptr_b, rows_a, rows_b = swapped if self.swap_ab else plain
-        self.g_a = self.global_view(ptr_a, dtype=self.dtype, shape=[rows_a, k_size])
-        self.g_b = self.global_view(ptr_b, dtype=self.dtype, shape=[rows_b, k_size])
-        # the scales of the kernel's rows (A's) and columns (B's): swap_ab swaps them too
-        if self.swap_ab:
-            self.scale_views(sb_ptr, sb_stride_0, sb_stride_1, sa_ptr, sa_stride_0, sa_stride_1, rows_a, rows_b,
-                             cdiv(k_size, BOX_K))
-        else:
-            self.scale_views(sa_ptr, sa_stride_0, sa_stride_1, sb_ptr, sb_stride_0, sb_stride_1, rows_a, rows_b,
-                             cdiv(k_size, BOX_K))
-        num_m = cdiv(rows_a, self.block_m)
-        num_n = cdiv(rows_b, self.block_n)
-        self.attrs.blocks = launch_blocks(num_m * num_n, num_sms, 1, self.stream_k)
-        self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
-        self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms])
-        self.g_partials = self.global_view(partials_ptr, dtype=float32, shape=[num_sms * self.block_m, self.block_n])
-        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_m, BOX_K])
-        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_n, BOX_K])
-        if not self.swap_ab:  # the transposed tile goes straight from registers to C
-            self.s_c = self.shared_tensor(dtype=self.out_dtype, shape=[self.block_m, self.e_block_n])
-        self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+        num_m, num_n = self.operands(m_size, n_size, k_size, a_ptr, b_ptr, c_ptr, num_sms, flags_ptr, partials_ptr,
+                                     sa_ptr, sa_stride_0, sa_stride_1, sb_ptr, sb_stride_0, sb_stride_1)
 
         # 3. barriers
         self.pipe = Pipeline(self.stages, consumer_arrivals=1)  # the tensor core arrives once per slot
@@ -167,6 +148,32 @@ class BlackwellMatmulV7(tilus.Script):
 
         after_thread_sync()  # every warp's reads of TMEM before it is freed
         self.tcgen05.dealloc(self.t_acc)
+
+    def operands(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p, c_ptr: void_p,
+                 num_sms: int32, flags_ptr: void_p, partials_ptr: void_p, sa_ptr: void_p, sa_0: int32, sa_1: int32,
+                 sb_ptr: void_p, sb_0: int32, sb_1: int32):
+        """Global views, shared tiles and the TMEM sum, for both Blackwell kernels; returns the tile grid's size."""
+        self.g_c = self.global_view(c_ptr, dtype=self.out_dtype, shape=[m_size, n_size])
+        swapped, plain = (b_ptr, a_ptr, n_size, m_size), (a_ptr, b_ptr, m_size, n_size)
+        ptr_a, ptr_b, rows_a, rows_b = swapped if self.swap_ab else plain
+        self.g_a = self.global_view(ptr_a, dtype=self.dtype, shape=[rows_a, k_size])
+        self.g_b = self.global_view(ptr_b, dtype=self.dtype, shape=[rows_b, k_size])
+        # the scales of the kernel's rows (A's) and columns (B's): swap_ab swaps them too
+        scale_a, scale_b = (sa_ptr, sa_0, sa_1), (sb_ptr, sb_0, sb_1)
+        rows, cols = (scale_b, scale_a) if self.swap_ab else (scale_a, scale_b)
+        self.scale_views(*rows, *cols, rows_a, rows_b, cdiv(k_size, BOX_K))
+        num_m = cdiv(rows_a, self.block_m)
+        num_n = cdiv(rows_b, self.block_n)
+        self.attrs.blocks = launch_blocks(num_m * num_n, num_sms, 1, self.stream_k)
+        self.attrs.warps = self.warps
+        self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms])
+        self.g_partials = self.global_view(partials_ptr, dtype=float32, shape=[num_sms * self.block_m, self.block_n])
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_m, BOX_K])
+        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_n, BOX_K])
+        if not self.swap_ab:  # the transposed tile goes straight from registers to C
+            self.s_c = self.shared_tensor(dtype=self.out_dtype, shape=[self.block_m, self.e_block_n])
+        self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+        return num_m, num_n
 
     def producer(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
         """The TMA warp: K blocks k_begin to k_end of the tile into the ring, the last one partial if K ends in it."""
@@ -319,6 +326,7 @@ class BlackwellMatmulV7(tilus.Script):
 @tilus.autotune("stream_k", [False, True])
 class BlackwellMatmulV7Blockwise(BlackwellMatmulV7):
     _autotune_space = {}  # its own space, not added to BlackwellMatmulV7's
+    warps = 8  # the TMA warp, the MMA warp, two idle, and warps 4-7: one per 32 TMEM lanes
 
     def __call__(
         self,
@@ -339,28 +347,8 @@ class BlackwellMatmulV7Blockwise(BlackwellMatmulV7):
         sb_stride_1: int32,
     ):
         # 2. operands, as in the per-tensor kernel; TMEM: the running sum and the partials' ring
-        self.g_c = self.global_view(c_ptr, dtype=self.out_dtype, shape=[m_size, n_size])
-        swapped, plain = (b_ptr, a_ptr, n_size, m_size), (a_ptr, b_ptr, m_size, n_size)
-        ptr_a, ptr_b, rows_a, rows_b = swapped if self.swap_ab else plain
-        self.g_a = self.global_view(ptr_a, dtype=self.dtype, shape=[rows_a, k_size])
-        self.g_b = self.global_view(ptr_b, dtype=self.dtype, shape=[rows_b, k_size])
-        if self.swap_ab:
-            self.scale_views(sb_ptr, sb_stride_0, sb_stride_1, sa_ptr, sa_stride_0, sa_stride_1, rows_a, rows_b,
-                             cdiv(k_size, BOX_K))
-        else:
-            self.scale_views(sa_ptr, sa_stride_0, sa_stride_1, sb_ptr, sb_stride_0, sb_stride_1, rows_a, rows_b,
-                             cdiv(k_size, BOX_K))
-        num_m = cdiv(rows_a, self.block_m)
-        num_n = cdiv(rows_b, self.block_n)
-        self.attrs.blocks = launch_blocks(num_m * num_n, num_sms, 1, self.stream_k)
-        self.attrs.warps = 8  # the TMA warp, the MMA warp, two idle, and warps 4-7: one per 32 TMEM lanes
-        self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms])
-        self.g_partials = self.global_view(partials_ptr, dtype=float32, shape=[num_sms * self.block_m, self.block_n])
-        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_m, BOX_K])
-        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_n, BOX_K])
-        if not self.swap_ab:
-            self.s_c = self.shared_tensor(dtype=self.out_dtype, shape=[self.block_m, self.e_block_n])
-        self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+        num_m, num_n = self.operands(m_size, n_size, k_size, a_ptr, b_ptr, c_ptr, num_sms, flags_ptr, partials_ptr,
+                                     sa_ptr, sa_stride_0, sa_stride_1, sb_ptr, sb_stride_0, sb_stride_1)
         self.t_partials = self.tcgen05.alloc(dtype=float32, shape=[2, self.block_m, self.block_n])
 
         # 3. barriers: the shared-memory ring, and the partials' ring (full: a tcgen05.commit;

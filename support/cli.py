@@ -80,7 +80,7 @@ def _compile_only(kernels: dict, archs: list[str]) -> int:
     return 1 if failed else 0
 
 
-def _table(headers: list[str], rows: list[list]) -> str:
+def text_table(headers: list[str], rows: list[list]) -> str:
     widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in [headers, *rows]]
     return "\n".join(lines)
@@ -121,7 +121,7 @@ def _check_every_schedule(kernels: dict, arch_name: str, sizes, timeout_s: float
     failures = sum(not passes(err, dtype) for _, _, err in results)
     rows = [["x".join(map(str, size)), schedule, f"{err:.2e}", "ok" if passes(err, dtype) else "WRONG"]
             for size, schedule, err in results]
-    print(_table(["size", "schedule", "rel. error", "result"], rows))
+    print(text_table(["size", "schedule", "rel. error", "result"], rows))
     print(f"{script_cls.__name__}: {built}/{total} schedules built, {failures} wrong results "
           f"(tolerance {REL_ERR_TOL[dtype]:g} for {dtype})")
     return 1 if failures or built < total else 0
@@ -193,7 +193,7 @@ def print_rows(rows: list[dict]) -> None:
                "tflops_per_ghz", "mj_per_gemm", "tflops_per_w", "pct_of_bandwidth", "rel_err"]
     table = [["x".join(str(r[d]) for d in "mnk"), r["dtype"], *(r.get(c) or "-" for c in columns),
               "ok" if row_passes(r) else "WRONG", r["config"]] for r in rows]
-    print(_table(["size", "dtype", "regime", "version", "ms", "TFLOPS", "% of cuBLAS", "spread", "host us", "SM MHz",
+    print(text_table(["size", "dtype", "regime", "version", "ms", "TFLOPS", "% of cuBLAS", "spread", "host us", "SM MHz",
                   "W", "TFLOPS/GHz", "mJ/GEMM", "TFLOPS/W", "% of copy BW", "rel. error", "result", "schedule"], table))
     print(METHOD)
 
@@ -258,7 +258,7 @@ def _check_only(version: str, script_cls, matmul, args) -> int:
         err = relative_error(out, ref)
         results.append([f"{m}x{n}x{k}", f"{err:.2e}", "ok" if passes(err, dtype) else "WRONG",
                         format_schedule(chosen_schedule(script_cls, m, n, k, dtype))])
-    print(_table(["size", "rel. error", "result", "schedule"], results))
+    print(text_table(["size", "rel. error", "result", "schedule"], results))
     return 1 if any(row[2] != "ok" for row in results) else 0
 
 

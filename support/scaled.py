@@ -23,7 +23,7 @@ import torch
 
 from support import bench, dispatch, measure
 from support.checks import check_sizes
-from support.cli import REPO, RESULTS_DIR, _table, parse_size, save_rows
+from support.cli import REPO, RESULTS_DIR, text_table, parse_size, save_rows
 from support.gpu import ARCHS, UnsupportedGPUError, gpu_arch, gpu_label
 
 FP8 = torch.float8_e4m3fn
@@ -418,7 +418,7 @@ def check(matmul, kernels: dict, sizes, timeout_s: float) -> int:
             results.append([f"{m}x{n}x{k}", scaling, f"{err:.2e}",
                             "ok" if measure.passes(err, torch.bfloat16) else "WRONG",
                             config_of(kernels[scaling], scaling, m, n, k, sa, sb)])
-    print(_table(["size", "scaling", "rel. error", "result", "schedule"], results))
+    print(text_table(["size", "scaling", "rel. error", "result", "schedule"], results))
     return 1 if any(row[3] != "ok" for row in results) else 0
 
 
@@ -457,7 +457,7 @@ def main(version: str, kernels: dict, blockwise_kernels: dict, matmul, argv=None
     path = RESULTS_DIR / f"{gpu_label()}_fp8.csv"
     rows = benchmark(matmul, by_scaling, importlib.import_module("matmul_v6").matmul, args.sizes or SIZES, args.repeat,
                      args.timeout, on_size=lambda size_rows: save_rows(size_rows, path), peer=args.peer)
-    print(_table(["size", "regime", "contender", "ms", "TFLOPS", "% of same on cuBLAS", "spread", "% of copy BW",
+    print(text_table(["size", "regime", "contender", "ms", "TFLOPS", "% of same on cuBLAS", "spread", "% of copy BW",
                   "rel. error", "schedule"],
                  [["x".join(str(r[d]) for d in "mnk"), r.get("regime", "-"), r["version"], r.get("ms", "-"),
                    r.get("tflops", "-"), r.get("pct_of_cublas", "-"), r.get("pct_spread", "-"),

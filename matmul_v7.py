@@ -499,15 +499,21 @@ class HopperMatmulV7(tilus.Script):
         self.cluster_m = cluster_m
         self.swap_ab = swap_ab
         self.stream_k = stream_k
-        # a consumer warpgroup per 64 rows (wgmma's M): two for v5's 128-row tiles, one for a 64-row one (6.)
+        # a consumer warpgroup per 64 rows (wgmma's M): two for v5's 128-row tiles, one for a 64-row one (6.),
+        # three for the block-wise 192-row tiles (3. above; not stream-K: its workspace has two slots a CTA)
         self.consumers = block_m // 64
+        assert not (stream_k and self.consumers == 3), "stream-K keeps two partial tiles a CTA"
         self.consumer_m = 64  # rows of the tile each consumer warpgroup owns
-        # 128 x 256 stream-K: the owner starts from its one sharer's sum (v6's 7.). A 128-row tile
-        # splits the registers (setmaxnreg) where its consumers need more than the 168 a thread
-        # that 9 warps on 4 schedulers leave: the scales' product beside a 64 x 256 sum, or the
-        # block-wise running sum beside a K block's partial
+        # 128 x 256 stream-K: the owner starts from its one sharer's sum (v6's 7.). A tile of two or
+        # three consumers splits the registers (setmaxnreg) where they need more than the 168 a
+        # thread that 9 warps on 4 schedulers leave: the scales' product beside a 64 x 256 sum, or
+        # the block-wise running sum beside a K block's partial. Of an SM's 65,536 registers the
+        # producer warpgroup keeps 40 a thread and gives the rest to the consumers: 232 each for
+        # two, 152 for three (128 x (40 + 3 x 152) = 63,488); setmaxnreg.inc takes only what the
+        # dec gave back, so three consumers split too
         self.owner_starts_from_partial = stream_k and block_n > 128
-        self.register_split = block_n > 128 or (self.promotes and self.consumers == 2)
+        self.register_split = block_n > 128 or (self.promotes and self.consumers >= 2)
+        self.consumer_registers = 232 if self.consumers <= 2 else 152
         self.k_boxes = block_k // BOX_K  # TMA boxes per operand per slot
         # a CTA's loads of B go to every CTA of its cluster
         self.multicast_mask = (1 << cluster_m) - 1 if cluster_m > 1 else None
@@ -574,7 +580,7 @@ class HopperMatmulV7(tilus.Script):
 
         # 3. barriers: a slot is free once every consumer warpgroup of every CTA that reads it lets go
         self.pipe = Pipeline(self.stages, consumer_arrivals=self.consumers * self.cluster_m)
-        self.s_c_free = self.mbarrier.alloc(counts=[1] * self.consumers)  # s_c is free for warpgroup 0 (, 1)
+        self.s_c_free = self.mbarrier.alloc(counts=[1] * self.consumers)  # s_c is free for warpgroup 0 (, 1, 2)
         if self.cluster_m > 1:
             self.cluster.sync()  # a peer may signal our barriers only once they are initialised
             rank: int32 = self.cluster.blockRank
@@ -591,8 +597,10 @@ class HopperMatmulV7(tilus.Script):
         # 4. the K loop of every piece, one per role: the producer, each consumer
         self.producer()
         self.consumer(0)
-        if self.consumers == 2:
+        if self.consumers >= 2:
             self.consumer(1)
+        if self.consumers == 3:
+            self.consumer(2)
 
         if self.cluster_m > 1:
             self.cluster.sync()  # stay until the peer has stopped writing into our slots and barriers
@@ -668,16 +676,16 @@ class HopperMatmulV7(tilus.Script):
         )
 
     def next_consumer(self, warpgroup: int) -> int:
-        """The warpgroup that writes s_c after this one: the other of two, or itself when it is alone."""
+        """The warpgroup that writes s_c after this one: the next in turn, or itself when it is alone."""
         return (warpgroup + 1) % self.consumers
 
     def consumer(self, warpgroup: int):
         """One consumer warpgroup: its rows of every piece, the K loop then the piece's end."""
         with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
             if self.register_split:
-                setmaxnreg(232, "inc")
+                setmaxnreg(self.consumer_registers, "inc")
             self.pipe.consumer_start()
-            c_phase: uint32 = 1 - warpgroup  # warpgroup 0 writes s_c first
+            c_phase: uint32 = 1 if warpgroup == 0 else 0  # warpgroup 0 writes s_c first
             for item in self.scheduler.items():
                 tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
                 acc = self.mma(warpgroup, tile_m, tile_n, k_begin, k_end)
@@ -826,14 +834,14 @@ class HopperMatmulV7(tilus.Script):
                 self.mbarrier.arrive(self.s_c_free[self.next_consumer(warpgroup)])
 
 
-
-
 # The block-wise kernel: the same tiles but the 256-wide ones (the running sum and a K block's
 # partial are 2 x 128 registers a thread at 64 x 256, more than the 232 a consumer can
-# have), and 128 x 64 for the shapes with few 128 x 128 tiles. A tile's columns lie in one
-# 128-row block of B's scales (block_n divides 128), a warpgroup's 64 rows in one of A's
-# with swap_ab.
+# have), and 128 x 64 for the shapes with few 128 x 128 tiles. 192 x 128: three consumer
+# warpgroups, so that two others' wgmmas run while one promotes (2 x 64 of the 152
+# registers each can have; 4 slots of 40 KiB). A tile's columns lie in one 128-row block of
+# B's scales (block_n divides 128), a warpgroup's 64 rows in one of A's with swap_ab.
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
+    [192, 128, 128, 4, 1, False, False], [192, 128, 128, 4, 2, False, False],
     [128, 128, 128, 6, 1, False, False], [128, 128, 128, 6, 2, False, False],
     [128, 128, 128, 6, 1, False, True], [128, 128, 128, 6, 2, False, True],
     [128, 64, 128, 8, 1, False, False], [128, 64, 128, 8, 1, False, True],
@@ -888,8 +896,9 @@ class HopperMatmulV7Blockwise(HopperMatmulV7):
                 s_b_slot = self.reshape_shared(self.s_b[self.pipe.consumer_stage, box], [self.block_n, BOX_K])
                 self.wgmma.mma(self.s_a[self.pipe.consumer_stage, box, warpgroup], s_b_slot.transpose(), partial)
                 self.wgmma.commit_group()
-                self.wgmma.wait_group(0)  # the partial is final: meanwhile the other warpgroup's wgmmas run
-                self.add(acc, partial * rows * cols, out=acc)
+                self.wgmma.wait_group(0)  # the partial is final: meanwhile the other warpgroups' wgmmas run
+                # one FFMA an element: the row and column scales multiplied first (FMUL then FFMA: 0.9x)
+                self.add(acc, partial * (rows * cols), out=acc)
             self.pipe.consumer_advance()
             self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)  # the slot just read
         return acc

@@ -251,26 +251,44 @@ def test_matmul_stores_fp16(scaling):
     assert matmul_v7.matmul(a8, b8, sa, sb, out_dtype=torch.float16).dtype == torch.float16
 
 
+def every_schedule(scaling: str, m: int, n: int, k: int, seed: int):
+    """(what, launch, args, out, reference) for every built schedule of the scaling's Hopper kernel at m x n x k."""
+    kernel = (matmul_v7.BLOCKWISE_KERNELS if scaling == "block" else matmul_v7.KERNELS)["hopper"]
+    cache.use_cache(kernel, gpu.gpu_label())
+    a8, b8, sa, sb = operands(m, n, k, scaling, "cuda", seed)
+    ref = scaled.reference(a8, b8, sa, sb)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    args = scaled.kernel_args(m, n, k, a8, b8, out, sa, sb, scaled.strides(scaling, sa, sb))
+    jit = kernel(out_dtype=tilus.bfloat16)._jit_instance_for(*args)
+    jit.programs()
+    assert len(jit.valid_schedules) == dispatch.space_size(kernel), f"{kernel.__name__}: schedules failed to build"
+    return [(f"{kernel.__name__} {dispatch.format_schedule(jit.schedules[i])} at {m}x{n}x{k}", compiled,
+             jit.schedules[i], args, out, ref) for compiled, i in zip(jit.compiled_programs, jit.valid_schedules)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scaling", ["tensor", "block"])
+def test_every_schedule_matches_the_reference(scaling):
+    # the tuner runs only the schedule it picks: every one of them here, with ragged M (for the
+    # 64-, 128- and 192-row tiles), ragged N and a partial last K block, into a NaN-poisoned C
+    for what, compiled, _, args, out, ref in every_schedule(scaling, 200, 1000, 2064, seed=3):
+        out.fill_(math.nan)
+        compiled.get_launch_func()(*args)
+        measure.sync_or_exit(what, 60)
+        err = measure.relative_error(out, ref)
+        assert measure.passes(err, torch.bfloat16), f"{what}: relative error {err:.3g}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("scaling", scaled.SCALINGS)
 def test_stream_k_schedules_are_bitwise_deterministic(scaling):
     # the owner adds its sharers' sums in a fixed order: every stream-K schedule, not only the tuned
     # one, gives the same bits run after run on shapes whose tiles are split over several SMs
     # (a skinny and a decode one), and leaves the workspace's flags at 0 for the next launch
-    kernel = (matmul_v7.BLOCKWISE_KERNELS if scaling == "block" else matmul_v7.KERNELS)["hopper"]
-    cache.use_cache(kernel, gpu.gpu_label())
     for m, n, k in [(128, 8192, 8192), (16, 4096, 14336)]:
-        a8, b8, sa, sb = operands(m, n, k, scaling, "cuda", seed=2)
-        ref = scaled.reference(a8, b8, sa, sb)
-        out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-        args = scaled.kernel_args(m, n, k, a8, b8, out, sa, sb, scaled.strides(scaling, sa, sb))
-        jit = kernel(out_dtype=tilus.bfloat16)._jit_instance_for(*args)
-        jit.programs()
-        stream_k = [(c, jit.schedules[i]) for c, i in zip(jit.compiled_programs, jit.valid_schedules)
-                    if jit.schedules[i]["stream_k"]]
-        assert stream_k, f"{kernel.__name__} has no stream-K schedule"
-        for compiled, schedule in stream_k:
-            what = f"{kernel.__name__} {dispatch.format_schedule(schedule)} at {m}x{n}x{k}"
+        stream_k = [case for case in every_schedule(scaling, m, n, k, seed=2) if case[2]["stream_k"]]
+        assert stream_k, f"{scaling}: no stream-K schedule"
+        for what, compiled, _, args, out, ref in stream_k:
             runs = []
             for _ in range(3):
                 out.fill_(math.nan)
@@ -304,7 +322,9 @@ def test_out_sharing_memory_with_an_input_is_refused():
         matmul_v7.matmul(**inputs | {"out": raw[:32 * 64 * 2].view(torch.bfloat16).view(32, 64)})
 
 
-SANITIZER_SIZES = ["129x264x144", "1x264x144"]  # ragged M and N, a 16-column K block; a decode tile
+SANITIZER_SIZES = ["129x264x144", "1x264x144"]
+CLEAN = {"memcheck": "ERROR SUMMARY: 0 errors", "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors",
+         "synccheck": "ERROR SUMMARY: 0 errors"}  # ragged M and N, a 16-column K block; a decode tile
 
 
 @pytest.mark.gpu
@@ -315,6 +335,28 @@ def test_sanitizer_clean_at_a_small_size(tool):
     check = [sys.executable, "matmul_v7.py", "--check-only", "--sizes", *SANITIZER_SIZES]
     run_child(check, 600)
     output = run_child([SANITIZER, "--tool", tool, "--error-exitcode", "1", *check], 900)
-    clean = {"memcheck": "ERROR SUMMARY: 0 errors", "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors",
-             "synccheck": "ERROR SUMMARY: 0 errors"}
-    assert clean[tool] in output
+    assert CLEAN[tool] in output
+
+
+# the 192-row block-wise tiles, whose three consumer warpgroups take turns with s_c: never the tuned
+# schedule at the sizes above, so launched here one by one, at a ragged M
+THREE_CONSUMERS = """
+import sys
+sys.path[:0] = [".", "tests"]
+import torch
+import test_v7
+for what, compiled, schedule, args, out, ref in test_v7.every_schedule("block", 200, 264, 144, seed=3):
+    if schedule["block_m"] == 192:
+        compiled.get_launch_func()(*args)
+        torch.cuda.synchronize()
+        print("ran", what)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(SANITIZER is None, reason="compute-sanitizer is not on PATH nor in the CUDA toolkit's bin")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_three_consumer_tiles_sanitizer_clean(tool):
+    child = [sys.executable, "-c", THREE_CONSUMERS]
+    assert run_child(child, 600).count("ran ") == 2  # built outside the sanitizer
+    assert CLEAN[tool] in run_child([SANITIZER, "--tool", tool, "--error-exitcode", "1", *child], 900)

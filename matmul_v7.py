@@ -18,8 +18,8 @@ A ~= A8 * scale_a and B ~= B8 * scale_b, and C = (A8 B8^T) scaled.
    keeps precision: the fp8 wgmma adds its products in fewer than 32 bits, and a sum
    that never runs longer than 128 K loses less. The promoted tile needs the block's
    partial and the running sum, 2 x 64 registers a thread at 64 x 128 per warpgroup, so
-   block-wise tiles are at most 128 wide; the other warpgroup's wgmmas run while one
-   promotes.
+   block-wise tiles are at most 128 wide; the others' wgmmas run while one warpgroup
+   promotes, so 192 x 128 tiles have three consumer warpgroups.
 4. Blackwell (built for sm_100a and protocol-checked, never run): v6's kernel on
    kind::f8f6f4, the scales applied to each TMEM slice in the epilogue; block-wise keeps
    the sum in TMEM and promotes from a ring of two TMEM partials filled by the MMA warp.
@@ -897,7 +897,7 @@ class HopperMatmulV7Blockwise(HopperMatmulV7):
                 self.wgmma.mma(self.s_a[self.pipe.consumer_stage, box, warpgroup], s_b_slot.transpose(), partial)
                 self.wgmma.commit_group()
                 self.wgmma.wait_group(0)  # the partial is final: meanwhile the other warpgroups' wgmmas run
-                # one FFMA an element: the row and column scales multiplied first (FMUL then FFMA: 0.9x)
+                # one FFMA an element, the row and column scales multiplied first (an FMUL and an FFMA: 0.9x the speed)
                 self.add(acc, partial * (rows * cols), out=acc)
             self.pipe.consumer_advance()
             self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)  # the slot just read

@@ -463,12 +463,14 @@ class BlackwellMatmulV7Blockwise(BlackwellMatmulV7):
 # v6's tiles and rings in bytes: a K block of 128 fp8 columns is 128 B a row, one box under
 # the 128-byte swizzle, as 64 fp16 columns were, so every slot and ring keeps v6's size
 # (128 x 256: 4 x (16 + 32) KiB + a 32 KiB output tile); the decode tiles take 256 columns,
-# two boxes, as v6's took 128. stream_k and swap_ab as in v6, the tuner picks.
+# two boxes, as v6's took 128. stream_k and swap_ab as in v6, the tuner picks. 128 x 64
+# for the skinny shapes: at M = 256, N = 4096, 128 such tiles are one wave of 132 SMs.
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
     [128, 256, 128, 4, 1, False, False], [128, 256, 128, 4, 2, False, False],
     [128, 256, 128, 4, 2, False, True],
     [128, 128, 128, 6, 1, False, False], [128, 128, 128, 6, 2, False, False],
     [128, 128, 128, 6, 1, False, True], [128, 128, 128, 6, 2, False, True],
+    [128, 64, 128, 8, 1, False, False], [128, 64, 128, 8, 1, False, True],
     [128, 16, 256, 6, 1, True, False], [128, 16, 256, 6, 1, True, True],
     [64, 16, 256, 10, 1, True, False], [64, 16, 256, 10, 1, True, True],
     [64, 64, 256, 6, 1, True, False], [64, 64, 256, 6, 1, True, True],

@@ -20,14 +20,16 @@ A ~= A8 * scale_a and B ~= B8 * scale_b, and C = (A8 B8^T) scaled.
    partial and the running sum, 2 x 64 registers a thread at 64 x 128 per warpgroup, so
    block-wise tiles are at most 128 wide; the others' wgmmas run while one warpgroup
    promotes, so 192 x 128 tiles have three consumer warpgroups.
-4. Blackwell (built for sm_100a and protocol-checked, never run): v6's kernel on
+4. The epilogue weighs twice as much, the K loop taking half the time: per-tensor and
+   row-wise consumers each own a ring of two 64-column output boxes, a box's TMA store
+   running while the next is written, instead of taking turns with one tile as in v4.
+   The block-wise ones still take turns: with a ring each they measured 5-8% slower.
+5. Blackwell (built for sm_100a and protocol-checked, never run): v6's kernel on
    kind::f8f6f4, the scales applied to each TMEM slice in the epilogue; block-wise keeps
    the sum in TMEM and promotes from a ring of two TMEM partials filled by the MMA warp.
 
 The scaling is read from the scales' shapes (matmul below); the tuner picks the tile,
-stream_k and swap_ab per size bucket and scaling, as in v6.
-
-Walkthrough: docs/v7.md
+stream_k and swap_ab per size bucket and scaling, as in v6. Walkthrough: docs/v7.md.
 Constraints: A (M x K) and B (N x K) torch.float8_e4m3fn, contiguous, K a multiple of 16
 (TMA's 16-byte rows); scales float32; C bf16 or fp16, N a multiple of 8.
 Run: python matmul_v7.py [--sizes ...] [--check-only] [--compile-only]
@@ -40,6 +42,7 @@ import torch
 from tilus import DataType, RegisterTensor, bfloat16, boolean, float8_e4m3, float32, int32, uint32, void_p
 from tilus.hidet.ir.expr import if_then_else
 from tilus.hidet.ir.primitives.cuda.setmaxnreg import setmaxnreg
+from tilus.ir.layout.register_layout import register_layout
 from tilus.ir.layout.shared_layout import Swizzle, shared_layout
 from tilus.utils import cdiv
 
@@ -462,7 +465,7 @@ class BlackwellMatmulV7Blockwise(BlackwellMatmulV7):
 
 # v6's tiles and rings in bytes: a K block of 128 fp8 columns is 128 B a row, one box under
 # the 128-byte swizzle, as 64 fp16 columns were, so every slot and ring keeps v6's size
-# (128 x 256: 4 x (16 + 32) KiB + a 32 KiB output tile); the decode tiles take 256 columns,
+# (128 x 256: 4 x (16 + 32) KiB + two 16 KiB output rings); the decode tiles take 256 columns,
 # two boxes, as v6's took 128. stream_k and swap_ab as in v6, the tuner picks. 128 x 64
 # for the skinny shapes: at M = 256, N = 4096, 128 such tiles are one wave of 132 SMs.
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
@@ -519,8 +522,13 @@ class HopperMatmulV7(tilus.Script):
         self.k_boxes = block_k // BOX_K  # TMA boxes per operand per slot
         # a CTA's loads of B go to every CTA of its cluster
         self.multicast_mask = (1 << cluster_m) - 1 if cluster_m > 1 else None
+        # the output goes out in 64-column boxes (a swap_ab tile is one box of C^T's). Tiles of
+        # several boxes, per-tensor and row-wise, give each consumer a ring of two (4. above); the
+        # others' consumers take turns with one tile, as in v4: a one-box tile has no next box to
+        # overlap, and the block-wise consumers measured slower with a ring each
+        self.boxes = 1 if swap_ab else block_n // 64
+        self.takes_turns = self.promotes or self.boxes == 1
         if swap_ab:
-            self.output_tile = self.output_tile_transposed
             self.epilogue = self.epilogue_transposed
 
     def __call__(
@@ -568,7 +576,7 @@ class HopperMatmulV7(tilus.Script):
         self.g_partials = self.global_view(
             partials_ptr, dtype=float32, shape=[num_sms * 2 * self.consumer_m, self.block_n]
         )
-        # a slot is k_boxes boxes of BOX_K columns side by side (5. above); in each, A holds one
+        # a slot is k_boxes boxes of BOX_K columns side by side (1. above); in each, A holds one
         # part per consumer, and every consumer reads the whole of B
         self.s_a = self.shared_tensor(
             dtype=self.dtype, shape=[self.stages, self.k_boxes, self.consumers, self.consumer_m, BOX_K]
@@ -577,12 +585,12 @@ class HopperMatmulV7(tilus.Script):
         self.s_b = self.shared_tensor(
             dtype=self.dtype, shape=[self.stages, self.k_boxes, self.cluster_m, self.block_n // self.cluster_m, BOX_K]
         )
-        # one output tile for the consumers, in turn, as in v4
-        self.s_c = self.output_tile()
+        self.s_c = self.output_rings()
 
         # 3. barriers: a slot is free once every consumer warpgroup of every CTA that reads it lets go
         self.pipe = Pipeline(self.stages, consumer_arrivals=self.consumers * self.cluster_m)
-        self.s_c_free = self.mbarrier.alloc(counts=[1] * self.consumers)  # s_c is free for warpgroup 0 (, 1, 2)
+        if self.takes_turns:
+            self.s_c_free = self.mbarrier.alloc(counts=[1] * self.consumers)  # s_c is free for warpgroup 0 (, 1, 2)
         if self.cluster_m > 1:
             self.cluster.sync()  # a peer may signal our barriers only once they are initialised
             rank: int32 = self.cluster.blockRank
@@ -607,24 +615,16 @@ class HopperMatmulV7(tilus.Script):
         if self.cluster_m > 1:
             self.cluster.sync()  # stay until the peer has stopped writing into our slots and barriers
 
-    def output_tile(self):
-        """s_c in 64-column boxes, each with TMA's 128-byte swizzle: no bank conflicts, a TMA store per box."""
-        # row r's 16-byte chunk c sits at chunk c ^ (r % 8), so the 8 rows an stmatrix writes
-        # hit 8 different bank groups; a 32-column box (64-byte rows, two to a bank line)
-        # takes the 64-byte swizzle, chunk c ^ (r // 2 % 4), conflict free as well
-        box_n = 64 if self.block_n % 64 == 0 else 32
-        return self.swizzled_boxes(self.block_n // box_n, self.consumer_m, box_n)
-
-    def output_tile_transposed(self):
-        """swap_ab: a warpgroup's tile is block_n rows of C (the caller's M) by its 64 columns: one box."""
-        return self.swizzled_boxes(1, self.block_n, 64)
-
-    def swizzled_boxes(self, boxes: int, rows: int, box_n: int):
-        swizzle = Swizzle(base=3, bits=3, shift=3) if box_n == 64 else Swizzle(base=3, bits=2, shift=3)
-        s_c = self.shared_tensor(dtype=self.out_dtype, shape=[boxes, rows, box_n])
+    def output_rings(self):
+        """A ring of two output boxes a consumer, or one tile (one or two boxes) the consumers share,
+        each box 64 columns of 128 B rows under TMA's 128-byte swizzle: a TMA store a box."""
+        rows = self.block_n if self.swap_ab else self.consumer_m
+        shape = [1 if self.takes_turns else self.consumers, min(self.boxes, 2), rows, 64]
+        s_c = self.shared_tensor(dtype=self.out_dtype, shape=shape)
+        # row r's 16-byte chunk c sits at chunk c ^ (r % 8): the 8 rows an stmatrix writes hit 8 bank groups
         self.annotate_layout(s_c, shared_layout(
-            shape=[boxes, rows, box_n], mode_shape=[boxes, rows, box_n], mode_strides=[rows * box_n, box_n, 1],
-            optional_swizzle=swizzle,
+            shape=shape, mode_shape=shape, mode_strides=[2 * rows * 64, rows * 64, 64, 1],
+            optional_swizzle=Swizzle(base=3, bits=3, shift=3),
         ))
         return s_c
 
@@ -687,18 +687,21 @@ class HopperMatmulV7(tilus.Script):
             if self.register_split:
                 setmaxnreg(self.consumer_registers, "inc")
             self.pipe.consumer_start()
-            c_phase: uint32 = 1 if warpgroup == 0 else 0  # warpgroup 0 writes s_c first
+            c_phase: uint32 = 1 if warpgroup == 0 else 0  # where they take turns, warpgroup 0 writes s_c first
             for item in self.scheduler.items():
                 tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
                 acc = self.mma(warpgroup, tile_m, tile_n, k_begin, k_end)
 
-                # 5. the piece's end: the consumers take turns with s_c
-                self.mbarrier.wait(self.s_c_free[warpgroup], phase=c_phase)
-                c_phase ^= 1
+                # 5. the piece's end
+                if self.takes_turns:
+                    self.mbarrier.wait(self.s_c_free[warpgroup], phase=c_phase)
+                    c_phase ^= 1
                 if self.stream_k:
                     self.end_piece(warpgroup, acc, tile_m, tile_n, k_begin, k_end)
                 else:
                     self.epilogue(warpgroup, acc, tile_m, tile_n)
+            with self.single_warp():
+                self.tma.wait_group(n=0)  # the last stores have read s_c before the block exits
 
     def mma(self, warpgroup: int, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
         """This warpgroup's rows of one piece, K blocks k_begin to k_end, into a fresh accumulator; the tile's
@@ -732,8 +735,9 @@ class HopperMatmulV7(tilus.Script):
         """A stream-K piece's end: its sum to the workspace, or the tile, with its sharers' sums added, to C."""
         if k_end < self.scheduler.k_blocks:
             self.save_partial(warpgroup, acc)  # the tile's owner adds it
-            with self.single_thread():
-                self.mbarrier.arrive(self.s_c_free[self.next_consumer(warpgroup)])  # s_c unused: the next one's turn
+            if self.takes_turns:
+                with self.single_thread():
+                    self.mbarrier.arrive(self.s_c_free[self.next_consumer(warpgroup)])  # s_c unused: the next one's turn
         else:
             if k_begin > 0 and not self.owner_starts_from_partial:
                 self.add_partials(warpgroup, acc)
@@ -807,33 +811,64 @@ class HopperMatmulV7(tilus.Script):
         return acc * rows * cols
 
     def epilogue(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
-        """Registers -> the swizzled s_c -> global, one TMA store per box; then s_c is the other's."""
+        """Registers -> swizzled boxes in shared memory -> global, a TMA store a box: through the warpgroup's
+        ring box by box (box b's store runs while box b + 1 is written), or, taking turns, the tile at once."""
         offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
         offset_n = self.block_n * tile_n
-        # the boxes seen as one consumer_m x block_n tile
-        s_c_rows = self.reshape_shared(self.s_c.permute([1, 0, 2]), [self.consumer_m, self.block_n])
-        self.store_shared(s_c_rows, self.scaled(warpgroup, acc, tile_m, tile_n).to(self.out_dtype))
-        self.store_output(warpgroup, offset_m, offset_n)
+        c = self.scaled(warpgroup, acc, tile_m, tile_n).to(self.out_dtype)
+        if self.takes_turns:  # the tile at once: its one or two boxes seen as one consumer_m x block_n tile
+            s_c_rows = self.reshape_shared(self.s_c[0].permute([1, 0, 2]), [self.consumer_m, self.block_n])
+            self.store_shared(s_c_rows, c)
+            self.send(warpgroup, 0, self.boxes, offset_m, offset_n)
+        else:
+            # wgmma's accumulator holds its 8-column chunks in order, so each box is a run of registers
+            self.annotate_layout(c, register_layout(
+                shape=[self.consumer_m, self.block_n], mode_shape=[4, 2, 8, self.block_n // 8, 4, 2],
+                spatial_modes=[0, 2, 4], local_modes=[3, 1, 5]))
+            c_boxes = self.view(c, layout=register_layout(
+                shape=[self.boxes, self.consumer_m, 64], mode_shape=[self.boxes, 4, 2, 8, 8, 4, 2],
+                spatial_modes=[1, 3, 5], local_modes=[0, 4, 2, 6]))
+            for box in range(self.boxes):
+                self.wait_for_slot()
+                self.store_shared(self.s_c[warpgroup, box % 2], c_boxes[box])
+                self.send(warpgroup, box, 1, offset_m, offset_n)
+        self.pass_turn(warpgroup)
 
     def epilogue_transposed(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
         """swap_ab: the tile is C^T's, so it goes to s_c transposed (stmatrix .trans), then to C as one box."""
-        self.store_shared(self.s_c[0], self.transpose(self.scaled(warpgroup, acc, tile_m, tile_n).to(self.out_dtype)))
-        self.store_output(warpgroup, self.block_n * tile_n, self.block_m * tile_m + warpgroup * self.consumer_m)
+        self.store_shared(self.s_c[0, 0], self.transpose(self.scaled(warpgroup, acc, tile_m, tile_n).to(self.out_dtype)))
+        self.send(warpgroup, 0, 1, self.block_n * tile_n, self.block_m * tile_m + warpgroup * self.consumer_m)
+        self.pass_turn(warpgroup)
 
-    def store_output(self, warpgroup: int, offset_m: int32, offset_n: int32):
-        """s_c's boxes to C from (offset_m, offset_n) on, by TMA; once read, s_c is the other warpgroup's."""
+    def ring(self, warpgroup: int) -> int:
+        """Which output ring a warpgroup writes: its own, or the one all take turns with."""
+        return 0 if self.takes_turns else warpgroup
+
+    def wait_for_slot(self):
+        """A ring's next slot is free once the store that last used it, two boxes ago, has read it."""
+        with self.single_warp():
+            self.tma.wait_group(n=1, read=True)
+        self.sync()  # this warpgroup only (a named barrier)
+
+    def send(self, warpgroup: int, first: int32, count: int, offset_m: int32, offset_n: int32):
+        """Boxes first to first + count - 1 of the written ring to C from (offset_m, offset_n) on, by TMA."""
         # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
         self.fence.proxy_async(space="shared")
-        self.sync()  # this warpgroup only (a named barrier)
+        self.sync()
         with self.single_warp():
-            for box in range(self.s_c.shape[0]):
-                self.tma.shared_to_global(
-                    self.s_c[box], self.g_c, offsets=[offset_m, offset_n + box * self.s_c.shape[2]], dims=[0, 1]
-                )
+            for i in range(count):
+                box = first + i
+                self.tma.shared_to_global(self.s_c[self.ring(warpgroup), box % 2], self.g_c,
+                                          offsets=[offset_m, offset_n + box * 64], dims=[0, 1])
             self.tma.commit_group()
-            self.tma.wait_group(n=0, read=True)  # the TMA engine has read s_c: the next writer may go
-            with self.single_thread():
-                self.mbarrier.arrive(self.s_c_free[self.next_consumer(warpgroup)])
+
+    def pass_turn(self, warpgroup: int):
+        """Where the consumers take turns: once the TMA engine has read s_c, it is the next one's."""
+        if self.takes_turns:
+            with self.single_warp():
+                self.tma.wait_group(n=0, read=True)
+                with self.single_thread():
+                    self.mbarrier.arrive(self.s_c_free[self.next_consumer(warpgroup)])
 
 
 # The block-wise kernel: the same tiles but the 256-wide ones (the running sum and a K block's

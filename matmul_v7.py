@@ -467,7 +467,7 @@ class BlackwellMatmulV7Blockwise(BlackwellMatmulV7):
 # the 128-byte swizzle, as 64 fp16 columns were, so every slot and ring keeps v6's size
 # (128 x 256: 4 x (16 + 32) KiB + two 16 KiB output rings); the decode tiles take 256 columns,
 # two boxes, as v6's took 128. stream_k and swap_ab as in v6, the tuner picks. 128 x 64
-# for the skinny shapes: at M = 256, N = 4096, 128 such tiles are one wave of 132 SMs.
+# for the skinny shapes: at M = 128, N = 8192, 128 such tiles are one wave of 132 SMs.
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
     [128, 256, 128, 4, 1, False, False], [128, 256, 128, 4, 2, False, False],
     [128, 256, 128, 4, 2, False, True],

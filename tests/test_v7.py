@@ -74,6 +74,18 @@ def test_every_wgmma_is_e4m3_and_as_wide_as_the_tile(table):
         assert widths == {str(r.schedule["block_n"])}, f"{describe(r)}: wgmma N {widths}"
 
 
+@pytest.mark.parametrize("table", KERNEL_TABLES)
+def test_output_rings_only_on_per_tensor_tiles_of_several_boxes(table):
+    # a consumer with its own ring of two output boxes waits for the store of two boxes back
+    # (wait_group.read 1); where the consumers take turns with one tile (block-wise, one-box
+    # tiles) each waits for all its stores (wait_group.read 0) before passing s_c on
+    for r in built(table):
+        ptx = (r.module_dir / "source.ptx").read_text()
+        ring = table == "KERNELS" and not r.schedule["swap_ab"] and r.schedule["block_n"] >= 128
+        assert ("cp.async.bulk.wait_group.read 1;" in ptx) == ring, describe(r)
+        assert ("cp.async.bulk.wait_group.read 0;" in ptx) != ring, describe(r)
+
+
 @pytest.mark.parametrize("arch", ["hopper", "blackwell"])
 def test_fp16_output_builds_and_stores_fp16(arch):
     # A and B are fp8, which TMA moves as bytes (UINT8); C's tensor map and the epilogue's conversion

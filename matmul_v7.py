@@ -50,6 +50,7 @@ from pipeline import Pipeline
 from schedulers import MAX_SHARERS, StreamKTileScheduler, launch_blocks
 from support import scaled
 from tcgen05_fences import after_thread_sync, before_thread_sync
+from wgmma_fresh import mma_fresh
 
 # columns of an operand's TMA box: 128 B of fp8, the widest the 128-byte swizzle takes, and
 # the length of a block-wise scale's K block
@@ -904,19 +905,61 @@ class HopperMatmulV7Blockwise(HopperMatmulV7):
             self.g_scale_cols = self.global_view(ptr_b, dtype=float32, shape=[k_blocks, self.consumer_m, rows_b],
                                                  strides=[b_1, 0, b_0])
         else:
-            self.g_scale_rows = self.global_view(ptr_a, dtype=float32, shape=[rows_a, k_blocks], strides=[a_0, a_1])
+            # the activations' scales M-major (matmul below makes them so): a K block's block_m of them
+            # are one TMA box, loaded into the slot with its A and B; the column scale, one a K block, is
+            # stored there by the TMA warp, in 128 bytes (TMA's alignment for the boxes beside it)
+            self.g_scale_rows = self.global_view(ptr_a, dtype=float32, shape=[k_blocks, rows_a], strides=[a_1, 1])
             self.g_scale_cols = self.global_view(ptr_b, dtype=float32, shape=[cdiv(rows_b, 128), k_blocks],
                                                  strides=[b_0, b_1])
+            self.s_scale_rows = self.shared_tensor(dtype=float32, shape=[self.stages, 1, self.block_m])
+            self.s_scale_cols = self.shared_tensor(dtype=float32, shape=[self.stages, 32, 1, 1])
 
-    def block_scales(self, row: int32, col: int32, k_block: int32):
+    load_operands = HopperMatmulV7.load_piece  # a Script method cannot call super()
+
+    def load_piece(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
+        """Plain tiles: each slot also brings its K block's scales, so a consumer reads them from shared
+        memory, not from global memory in its K loop (swap_ab tiles: v6's loads, scales read by the consumers).
+
+        The column scale is loaded a K block ahead and stored, by the thread that then arrives, before
+        the arrival that completes the slot's phase (producer_acquire's, split in two): the arrival's
+        release covers the store. (A TMA box of four column scales faulted on the H100.)
+        """
+        if self.swap_ab:
+            self.load_operands(tile_m, tile_n, k_begin, k_end)
+        else:  # one K block a slot (block_k 128)
+            col_block = self.block_n * tile_n // 128
+            cols = self.load_global(self.g_scale_cols, offsets=[col_block, k_begin], shape=[1, 1])
+            for k_block in self.range(k_begin, k_end, 1):
+                offset_k = k_block * self.block_k
+                self.pipe.producer_wait()
+                with self.single_thread():
+                    self.store_shared(self.s_scale_cols[self.pipe.producer_stage, 0], cols)
+                    self.mbarrier.arrive_and_expect_tx(
+                        self.pipe.producer_barrier(), self.s_a[0].nbytes + self.s_b[0].nbytes + self.s_scale_rows[0].nbytes
+                    )
+                for part in range(self.consumers):
+                    self.tma.global_to_shared(
+                        src=self.g_a,
+                        dst=self.s_a[self.pipe.producer_stage, 0, part],
+                        offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k],
+                        mbarrier=self.pipe.producer_barrier(),
+                    )
+                self.load_b(self.block_n * tile_n, offset_k, 0)
+                self.tma.global_to_shared(src=self.g_scale_rows, dst=self.s_scale_rows[self.pipe.producer_stage],
+                                          offsets=[k_block, self.block_m * tile_m], mbarrier=self.pipe.producer_barrier())
+                cols = self.load_global(self.g_scale_cols, offsets=[col_block, k_block + 1], shape=[1, 1])
+                self.pipe.producer_advance()
+
+    def block_scales(self, warpgroup: int, row: int32, col: int32, k_block: int32):
         """The scales of K block k_block for this warpgroup's rows and the tile's columns (one of them a 1 x 1)."""
         if self.swap_ab:
             rows = self.load_global(self.g_scale_rows, offsets=[row // 128, k_block], shape=[1, 1])
             cols = self.load_global(self.g_scale_cols, offsets=[k_block, 0, col], shape=[self.consumer_m, self.block_n],
                                     dims=[1, 2])
-        else:
-            rows = self.load_global(self.g_scale_rows, offsets=[row, k_block], shape=[self.consumer_m, 1])
-            cols = self.load_global(self.g_scale_cols, offsets=[col // 128, k_block], shape=[1, 1])
+        else:  # in the slot
+            s_rows = self.reshape_shared(self.s_scale_rows[self.pipe.consumer_stage], [self.consumers, self.consumer_m, 1])
+            rows = self.load_shared(s_rows[warpgroup])
+            cols = self.load_shared(self.s_scale_cols[self.pipe.consumer_stage, 0])
         return rows, cols
 
     def mma(self, warpgroup: int, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
@@ -927,12 +970,13 @@ class HopperMatmulV7Blockwise(HopperMatmulV7):
         for k_block in self.range(k_begin, k_end, 1):
             self.pipe.consumer_acquire()
             for box in range(self.k_boxes):
-                rows, cols = self.block_scales(row, col, k_block * self.k_boxes + box)  # in flight during the MMAs
-                partial = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+                # mma_fresh's first K step overwrites the partial (no zeroing: wgmma_fresh.py)
+                partial = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n])
                 self.wgmma.fence()
                 s_b_slot = self.reshape_shared(self.s_b[self.pipe.consumer_stage, box], [self.block_n, BOX_K])
-                self.wgmma.mma(self.s_a[self.pipe.consumer_stage, box, warpgroup], s_b_slot.transpose(), partial)
+                mma_fresh(self.s_a[self.pipe.consumer_stage, box, warpgroup], s_b_slot.transpose(), partial)
                 self.wgmma.commit_group()
+                rows, cols = self.block_scales(warpgroup, row, col, k_block * self.k_boxes + box)  # during the wgmma
                 self.wgmma.wait_group(0)  # the partial is final: meanwhile the other warpgroups' wgmmas run
                 # one FFMA an element, the row and column scales multiplied first (partial * rows * cols: 0.9x the speed)
                 self.add(acc, partial * (rows * cols), out=acc)

@@ -11,7 +11,8 @@ B8 (N x K) and float32 scales; which scaling it is follows from the scales' shap
 ``quantize`` makes each from a bf16 or fp32 tensor. The launch path is v1-v6's (build and
 tune once per size bucket, then one dict lookup a call), with the scaling and the output
 dtype in the key; the kernel gets the scales as addresses and element strides, so any
-strides are taken (a per-tensor scale is a row-wise one with stride 0).
+strides are taken (a per-tensor scale is a row-wise one with stride 0), but for block-wise
+A's, which the Hopper kernel loads by TMA: ``m_major`` copies them where they are not M-major.
 """
 
 import argparse
@@ -57,7 +58,20 @@ def quantize(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, torch.Ten
         blocks = padded.view(padded.shape[0] // block_rows, block_rows, padded.shape[1] // BLOCK, BLOCK)
         amax = blocks.abs().amax(dim=(1, 3))
     scale = amax.clamp(min=1e-12) / E4M3_MAX
-    return (x32 / expand(scale, rows, k)).clamp(-E4M3_MAX, E4M3_MAX).to(FP8), scale
+    x8 = (x32 / expand(scale, rows, k)).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+    return x8, m_major(scale) if granularity == "1x128" else scale
+
+
+def m_major(scale: torch.Tensor) -> torch.Tensor:
+    """Activations' block-wise scales (rows x K blocks) as v7's Hopper kernel loads them by TMA: M-major, each
+    K block's rows 16-byte aligned (rows padded to a multiple of 4), as DeepGEMM takes them; ``scale`` itself
+    where it is so already, else a copy."""
+    rows, kb = scale.shape
+    if scale.stride(0) == 1 and scale.stride(1) % 4 == 0 and scale.stride(1) >= rows and not scale.data_ptr() % 16:
+        return scale
+    t = torch.empty(kb, -(-rows // 4) * 4, dtype=scale.dtype, device=scale.device)
+    t[:, :rows] = scale.T
+    return t[:, :rows].T
 
 
 def expand(scale: torch.Tensor, rows: int, k: int) -> torch.Tensor:
@@ -203,6 +217,8 @@ def launch(kernels: dict, blockwise_kernels: dict, a, b, scale_a, scale_b, out=N
     if isinstance(out, torch.Tensor) and out.dtype in OUT_DTYPES:
         out_dtype = out.dtype  # a given out decides C's dtype
     m, n, k, index, scaling = check_inputs(a, b, scale_a, scale_b, out, out_dtype)
+    if scaling == "block":
+        scale_a = m_major(scale_a)  # a copy only where the caller's scales are not (quantize's are)
     scale_strides = strides(scaling, scale_a, scale_b)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=a.device)

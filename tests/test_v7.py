@@ -134,6 +134,16 @@ def test_quantize(granularity, dtype):
     assert err < 0.04, f"{granularity}: dequantized x is {err:.3%} off"
 
 
+def test_activation_block_scales_come_m_major():
+    # v7's Hopper kernel loads a K block's row scales by TMA (one box): M-major, 16-byte aligned rows
+    _, scale = scaled.quantize(torch.randn(37, 300), "1x128")
+    assert scale.stride(0) == 1 and scale.stride(1) == 40, scale.stride()
+    assert scaled.m_major(scale) is scale
+    k_major = scale.contiguous()
+    copy = scaled.m_major(k_major)
+    assert torch.equal(copy, k_major) and copy.stride() == (1, 40), copy.stride()
+
+
 def test_quantize_rejects_an_unknown_granularity():
     with pytest.raises(ValueError, match="granularity must be one of"):
         scaled.quantize(torch.randn(4, 128), "64x64")
@@ -261,6 +271,14 @@ def test_matmul_stores_fp16(scaling):
     assert out.dtype == torch.float16 and measure.passes(err, bound), f"v7 {scaling}, fp16: relative error {err:.3g}"
     a8, b8, sa, sb = operands(37, 1000, 2064, scaling, "cuda", 1)
     assert matmul_v7.matmul(a8, b8, sa, sb, out_dtype=torch.float16).dtype == torch.float16
+
+
+@pytest.mark.gpu
+def test_blockwise_takes_k_major_activation_scales():
+    # matmul copies them M-major (scaled.m_major): the same kernel, the same bits
+    a8, b8, sa, sb = operands(37, 1000, 2064, "block", "cuda", 2)
+    m_major = matmul_v7.matmul(a8, b8, sa, sb)
+    assert torch.equal(matmul_v7.matmul(a8, b8, sa.contiguous(), sb), m_major)
 
 
 def every_schedule(scaling: str, m: int, n: int, k: int, seed: int):

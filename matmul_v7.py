@@ -506,9 +506,10 @@ class HopperMatmulV7(tilus.Script):
         self.swap_ab = swap_ab
         self.stream_k = stream_k
         # a consumer warpgroup per 64 rows (wgmma's M): two for v5's 128-row tiles, one for a 64-row one (6.),
-        # three for the block-wise 192-row tiles (3. above; not stream-K: its workspace has two slots a CTA)
+        # three for the block-wise 192-row tiles (3. above)
         self.consumers = block_m // 64
-        assert not (stream_k and self.consumers == 3), "stream-K keeps two partial tiles a CTA"
+        # the stream-K workspace's slots a CTA, one per consumer warpgroup (two where there is one, as in v6)
+        self.slots = max(self.consumers, 2)
         self.consumer_m = 64  # rows of the tile each consumer warpgroup owns
         # 128 x 256 stream-K: the owner starts from its one sharer's sum (v6's 7.). A tile of two or
         # three consumers splits the registers (setmaxnreg) where they need more than the 168 a
@@ -573,9 +574,9 @@ class HopperMatmulV7(tilus.Script):
         self.attrs.cluster_blocks = self.cluster_m
         self.attrs.warps = 4 * self.consumers + (4 if self.register_split else 1)
         # the stream-K workspace: a ready flag and a partial tile per (CTA, consumer warpgroup)
-        self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms * 2])
+        self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms * self.slots])
         self.g_partials = self.global_view(
-            partials_ptr, dtype=float32, shape=[num_sms * 2 * self.consumer_m, self.block_n]
+            partials_ptr, dtype=float32, shape=[num_sms * self.slots * self.consumer_m, self.block_n]
         )
         # a slot is k_boxes boxes of BOX_K columns side by side (1. above); in each, A holds one
         # part per consumer, and every consumer reads the whole of B
@@ -762,7 +763,7 @@ class HopperMatmulV7(tilus.Script):
         ``owner`` false (a run-time condition, start_from_partial) adds zeros instead: the
         rows past the workspace, which load_global masks to zeros without reading.
         """
-        slot: int32 = (worker * self.cluster_m + self.rank) * 2 + warpgroup
+        slot: int32 = (worker * self.cluster_m + self.rank) * self.slots + warpgroup
         flag: ~int32 = self.g_flags[slot].item_ptr()
         if owner:
             self.lock_semaphore(flag, 1)
@@ -786,7 +787,7 @@ class HopperMatmulV7(tilus.Script):
 
     def save_partial(self, warpgroup: int, acc: RegisterTensor):
         """The piece's sum to this CTA and warpgroup's slot, then its flag (st.release: after every thread's stores)."""
-        slot: int32 = self.blockIdx.x * 2 + warpgroup
+        slot: int32 = self.blockIdx.x * self.slots + warpgroup
         flag: ~int32 = self.g_flags[slot].item_ptr()
         self.store_global(self.g_partials, acc, offsets=[slot * self.consumer_m, 0])
         self.sync()  # this warpgroup's named barrier: all 128 threads have stored
@@ -876,10 +877,12 @@ class HopperMatmulV7(tilus.Script):
 # partial are 2 x 128 registers a thread at 64 x 256, more than the 232 a consumer can
 # have), and 128 x 64 for the shapes with few 128 x 128 tiles. 192 x 128: three consumer
 # warpgroups, so that two others' wgmmas run while one promotes (2 x 64 of the 152
-# registers each can have; 4 slots of 40 KiB). A tile's columns lie in one 128-row block of
-# B's scales (block_n divides 128), a warpgroup's 64 rows in one of A's with swap_ab.
+# registers each can have; 4 slots of 40 KiB), stream-K too (at M = N = 4096, 22 x 32 = 704 such
+# tiles are 5.33 waves of 132 SMs). A tile's columns lie in one 128-row block of B's scales
+# (block_n divides 128), a warpgroup's 64 rows in one of A's with swap_ab.
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
     [192, 128, 128, 4, 1, False, False], [192, 128, 128, 4, 2, False, False],
+    [192, 128, 128, 4, 1, False, True], [192, 128, 128, 4, 2, False, True],
     [128, 128, 128, 6, 1, False, False], [128, 128, 128, 6, 2, False, False],
     [128, 128, 128, 6, 1, False, True], [128, 128, 128, 6, 2, False, True],
     [128, 64, 128, 8, 1, False, False], [128, 64, 128, 8, 1, False, True],

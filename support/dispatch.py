@@ -188,8 +188,9 @@ def is_persistent(script_cls) -> bool:
 
 
 # a stream-K kernel's workspace (v6), per device: a ready flag and a partial tile of
-# SLOT_FLOATS fp32 per slot, SLOTS_PER_SM slots per SM (Hopper: one per consumer warpgroup)
-SLOTS_PER_SM = 2
+# SLOT_FLOATS fp32 per slot, SLOTS_PER_SM slots per SM (Hopper: one per consumer warpgroup, three
+# in v7's 192-row tiles)
+SLOTS_PER_SM = 3
 SLOT_FLOATS = 64 * 256
 _workspaces: dict[tuple, tuple] = {}
 

@@ -19,7 +19,9 @@ A ~= A8 * scale_a and B ~= B8 * scale_b, and C = (A8 B8^T) scaled.
    that never runs longer than 128 K loses less. The promoted tile needs the block's
    partial and the running sum, 2 x 64 registers a thread at 64 x 128 per warpgroup, so
    block-wise tiles are at most 128 wide; the others' wgmmas run while one warpgroup
-   promotes, so 192 x 128 tiles have three consumer warpgroups.
+   promotes, so 192 x 128 tiles have three consumer warpgroups. Nothing else goes in the
+   K loop: each slot brings its K block's scales, and each partial comes from a wgmma
+   whose first K step overwrites it (wgmma_fresh.py) rather than from zeroed registers.
 4. The epilogue weighs twice as much, the K loop taking half the time: per-tensor and
    row-wise consumers each own a ring of two 64-column output boxes, a box's TMA store
    running while the next is written, instead of taking turns with one tile as in v4.
@@ -1002,7 +1004,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: tor
     The scaling is read from the float32 scales' shapes: one value each (per-tensor);
     scale_a M x 1 and scale_b N x 1 (row-wise); scale_a M x ceil(K / 128) and scale_b
     ceil(N / 128) x ceil(K / 128) (block-wise, 1 x 128 and 128 x 128). ``quantize`` makes
-    them. C is ``out_dtype``, or the dtype of ``out`` where one is given. Raises
+    them; block-wise scale_a is read M-major, as ``quantize`` returns it (other layouts are copied
+    each call). C is ``out_dtype``, or the dtype of ``out`` where one is given. Raises
     TypeError/ValueError naming the rule for input the kernels cannot take.
     """
     return scaled.launch(KERNELS, BLOCKWISE_KERNELS, a, b, scale_a, scale_b, out, out_dtype)

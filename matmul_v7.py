@@ -658,7 +658,7 @@ class HopperMatmulV7(tilus.Script):
         """
         for k_block in self.range(k_begin, k_end, 1):
             offset_k = k_block * self.block_k
-            self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
+            self.acquire_slot(tile_m, tile_n, k_block)
             for box in range(self.k_boxes):
                 for part in range(self.consumers):
                     self.tma.global_to_shared(
@@ -669,6 +669,10 @@ class HopperMatmulV7(tilus.Script):
                     )
                 self.load_b(self.block_n * tile_n, offset_k + box * BOX_K, box)
             self.pipe.producer_advance()
+
+    def acquire_slot(self, tile_m: int32, tile_n: int32, k_block: int32):
+        """Wait until slot producer_stage is empty, then announce the bytes its loads will bring."""
+        self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
 
     def load_b(self, offset_n: int32, offset_k: int32, box: int32):
         """Load slot producer_stage of B: all of it alone, or this CTA's part, multicast to the cluster."""
@@ -902,13 +906,13 @@ class HopperMatmulV7Blockwise(HopperMatmulV7):
         """Activations' scales a (row, K block) each, weights' a (128 rows, K block) each: with swap_ab
         the weights are the kernel's A, and the activations' scales are read as K blocks x rows."""
         if self.swap_ab:
+            # the weights' scales, one a box for the tile's 128-row block, stored into the slot by the TMA
+            # warp; the activations', M-major, a TMA box of k_boxes K blocks x block_n
             self.g_scale_rows = self.global_view(ptr_a, dtype=float32, shape=[cdiv(rows_a, 128), k_blocks],
                                                  strides=[a_0, a_1])
-            # as K blocks x rows, each row's scale repeated down the warpgroup's 64 rows (stride 0):
-            # loaded as a 64 x block_n tile, every thread reads its own elements (a 1 x 16 load leaves
-            # threads idle, a divergent path next to the wgmma, which ptxas then serialises: C7520)
-            self.g_scale_cols = self.global_view(ptr_b, dtype=float32, shape=[k_blocks, self.consumer_m, rows_b],
-                                                 strides=[b_1, 0, b_0])
+            self.g_scale_cols = self.global_view(ptr_b, dtype=float32, shape=[k_blocks, rows_b], strides=[b_1, 1])
+            self.s_scale_rows = self.shared_tensor(dtype=float32, shape=[self.stages, self.k_boxes, 32, 1, 1])
+            self.s_scale_cols = self.shared_tensor(dtype=float32, shape=[self.stages, self.k_boxes, self.block_n])
         else:
             # the activations' scales M-major (matmul below makes them so): a K block's block_m of them
             # are one TMA box, loaded into the slot with its A and B; the column scale, one a K block, is
@@ -922,12 +926,13 @@ class HopperMatmulV7Blockwise(HopperMatmulV7):
     load_operands = HopperMatmulV7.load_piece  # a Script method cannot call super()
 
     def load_piece(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """Plain tiles: each slot also brings its K block's scales, so a consumer reads them from shared
-        memory, not from global memory in its K loop (swap_ab tiles: v6's loads, scales read by the consumers).
+        """Each slot also brings its K blocks' scales, so a consumer reads them from shared memory, not
+        from global memory in its K loop. swap_ab tiles: v6's loads, acquire_slot (below) adding the scales.
 
-        The column scale is loaded a K block ahead and stored, by the thread that then arrives, before
-        the arrival that completes the slot's phase (producer_acquire's, split in two): the arrival's
-        release covers the store. (A TMA box of four column scales faulted on the H100.)
+        Plain tiles, one K block a slot: the column scale is loaded a K block ahead and stored, by the
+        thread that then arrives, before the arrival that completes the slot's phase (producer_acquire's,
+        split in two): the arrival's release covers the store. (A TMA box of four column scales faulted
+        on the H100.)
         """
         if self.swap_ab:
             self.load_operands(tile_m, tile_n, k_begin, k_end)
@@ -955,12 +960,33 @@ class HopperMatmulV7Blockwise(HopperMatmulV7):
                 cols = self.load_global(self.g_scale_cols, offsets=[col_block, k_block + 1], shape=[1, 1])
                 self.pipe.producer_advance()
 
+    def acquire_slot(self, tile_m: int32, tile_n: int32, k_block: int32):
+        """swap_ab tiles: the slot's scales with its A and B. The weights' (one a box) are stored, as the
+        plain tiles' column scale, by the thread that then arrives; the activations' come by TMA."""
+        self.pipe.producer_wait()
+        for box in range(self.k_boxes):
+            rows = self.load_global(self.g_scale_rows, offsets=[self.block_m * tile_m // 128, k_block * self.k_boxes + box],
+                                    shape=[1, 1])
+            with self.single_thread():
+                self.store_shared(self.s_scale_rows[self.pipe.producer_stage, box, 0], rows)
+        with self.single_thread():
+            self.mbarrier.arrive_and_expect_tx(
+                self.pipe.producer_barrier(), self.s_a[0].nbytes + self.s_b[0].nbytes + self.s_scale_cols[0].nbytes
+            )
+        self.tma.global_to_shared(src=self.g_scale_cols, dst=self.s_scale_cols[self.pipe.producer_stage],
+                                  offsets=[k_block * self.k_boxes, self.block_n * tile_n], mbarrier=self.pipe.producer_barrier())
+
     def block_scales(self, warpgroup: int, row: int32, col: int32, k_block: int32):
-        """The scales of K block k_block for this warpgroup's rows and the tile's columns (one of them a 1 x 1)."""
+        """The scales of K block k_block (a box of the slot) for this warpgroup's rows and the tile's columns, from
+        the slot (one of them a 1 x 1)."""
         if self.swap_ab:
-            rows = self.load_global(self.g_scale_rows, offsets=[row // 128, k_block], shape=[1, 1])
-            cols = self.load_global(self.g_scale_cols, offsets=[k_block, 0, col], shape=[self.consumer_m, self.block_n],
-                                    dims=[1, 2])
+            box = k_block % self.k_boxes
+            rows = self.load_shared(self.s_scale_rows[self.pipe.consumer_stage, box, 0])
+            cols = self.load_shared(self.reshape_shared(self.s_scale_cols[self.pipe.consumer_stage, box], [1, self.block_n]))
+            # each thread its own columns of the wgmma accumulator, in every row: a 1 x block_n load in tilus's
+            # own layout leaves threads idle, a divergent path beside the wgmma that ptxas serialises (C7520)
+            self.annotate_layout(cols, register_layout(shape=[1, self.block_n], mode_shape=[self.block_n // 8, 4, 2],
+                                                       spatial_modes=[-4, -8, 1], local_modes=[0, 2]))
         else:  # in the slot
             s_rows = self.reshape_shared(self.s_scale_rows[self.pipe.consumer_stage], [self.consumers, self.consumer_m, 1])
             rows = self.load_shared(s_rows[warpgroup])

@@ -368,15 +368,16 @@ def test_sanitizer_clean_at_a_small_size(tool):
     assert CLEAN[tool] in output
 
 
-# the 192-row block-wise tiles, whose three consumer warpgroups take turns with s_c: never the tuned
-# schedule at the sizes above, so launched here one by one, at a ragged M
-THREE_CONSUMERS = """
+# block-wise tiles never the tuned schedule at the sizes above, launched here one by one: the 192-row
+# ones (three consumer warpgroups taking turns with s_c) at a ragged M, and the swap_ab ones (decode:
+# the weights' scales stored into the slot by the TMA warp, the activations' by TMA) at M = 5
+SCHEDULES = """
 import sys
 sys.path[:0] = [".", "tests"]
 import torch
 import test_v7
-for what, compiled, schedule, args, out, ref in test_v7.every_schedule("block", 200, 264, 144, seed=3):
-    if schedule["block_m"] == 192:
+for what, compiled, schedule, args, out, ref in test_v7.every_schedule("block", {m}, 264, 144, seed=3):
+    if schedule[{key!r}] == {value!r}:
         compiled.get_launch_func()(*args)
         torch.cuda.synchronize()
         print("ran", what)
@@ -386,7 +387,9 @@ for what, compiled, schedule, args, out, ref in test_v7.every_schedule("block", 
 @pytest.mark.gpu
 @pytest.mark.skipif(SANITIZER is None, reason="compute-sanitizer is not on PATH nor in the CUDA toolkit's bin")
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
-def test_three_consumer_tiles_sanitizer_clean(tool):
-    child = [sys.executable, "-c", THREE_CONSUMERS]
-    assert run_child(child, 600).count("ran ") == 4  # built outside the sanitizer
+@pytest.mark.parametrize("m, key, value, count", [(200, "block_m", 192, 4), (5, "swap_ab", True, 6)],
+                         ids=["three-consumers", "swap_ab"])
+def test_untuned_blockwise_tiles_sanitizer_clean(tool, m, key, value, count):
+    child = [sys.executable, "-c", SCHEDULES.format(m=m, key=key, value=value)]
+    assert run_child(child, 600).count("ran ") == count  # built outside the sanitizer
     assert CLEAN[tool] in run_child([SANITIZER, "--tool", tool, "--error-exitcode", "1", *child], 900)

@@ -650,29 +650,32 @@ class HopperMatmulV7(tilus.Script):
             self.load_piece(tile_m, tile_n, k_begin, k_end)
 
     def load_piece(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """K blocks k_begin to k_end of a tile: A in 64-row parts, one per consumer, then B, box by box.
+        """K blocks k_begin to k_end of a tile, a slot each.
 
         The ring's cursor runs on from piece to piece, whatever its length: no piece is
         padded to whole trips, and the last K block is partial where block_k does not
         divide K (TMA fills what lies past K with zeros).
         """
         for k_block in self.range(k_begin, k_end, 1):
-            offset_k = k_block * self.block_k
             self.acquire_slot(tile_m, tile_n, k_block)
-            for box in range(self.k_boxes):
-                for part in range(self.consumers):
-                    self.tma.global_to_shared(
-                        src=self.g_a,
-                        dst=self.s_a[self.pipe.producer_stage, box, part],
-                        offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k + box * BOX_K],
-                        mbarrier=self.pipe.producer_barrier(),
-                    )
-                self.load_b(self.block_n * tile_n, offset_k + box * BOX_K, box)
+            self.load_slot(tile_m, tile_n, k_block * self.block_k)
             self.pipe.producer_advance()
 
     def acquire_slot(self, tile_m: int32, tile_n: int32, k_block: int32):
         """Wait until slot producer_stage is empty, then announce the bytes its loads will bring."""
         self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
+
+    def load_slot(self, tile_m: int32, tile_n: int32, offset_k: int32):
+        """Slot producer_stage's boxes from column offset_k on: A in 64-row parts, one per consumer, then B."""
+        for box in range(self.k_boxes):
+            for part in range(self.consumers):
+                self.tma.global_to_shared(
+                    src=self.g_a,
+                    dst=self.s_a[self.pipe.producer_stage, box, part],
+                    offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k + box * BOX_K],
+                    mbarrier=self.pipe.producer_barrier(),
+                )
+            self.load_b(self.block_n * tile_n, offset_k + box * BOX_K, box)
 
     def load_b(self, offset_n: int32, offset_k: int32, box: int32):
         """Load slot producer_stage of B: all of it alone, or this CTA's part, multicast to the cluster."""
@@ -940,21 +943,13 @@ class HopperMatmulV7Blockwise(HopperMatmulV7):
             col_block = self.block_n * tile_n // 128
             cols = self.load_global(self.g_scale_cols, offsets=[col_block, k_begin], shape=[1, 1])
             for k_block in self.range(k_begin, k_end, 1):
-                offset_k = k_block * self.block_k
                 self.pipe.producer_wait()
                 with self.single_thread():
                     self.store_shared(self.s_scale_cols[self.pipe.producer_stage, 0], cols)
                     self.mbarrier.arrive_and_expect_tx(
                         self.pipe.producer_barrier(), self.s_a[0].nbytes + self.s_b[0].nbytes + self.s_scale_rows[0].nbytes
                     )
-                for part in range(self.consumers):
-                    self.tma.global_to_shared(
-                        src=self.g_a,
-                        dst=self.s_a[self.pipe.producer_stage, 0, part],
-                        offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k],
-                        mbarrier=self.pipe.producer_barrier(),
-                    )
-                self.load_b(self.block_n * tile_n, offset_k, 0)
+                self.load_slot(tile_m, tile_n, k_block * self.block_k)
                 self.tma.global_to_shared(src=self.g_scale_rows, dst=self.s_scale_rows[self.pipe.producer_stage],
                                           offsets=[k_block, self.block_m * tile_m], mbarrier=self.pipe.producer_barrier())
                 cols = self.load_global(self.g_scale_cols, offsets=[col_block, k_block + 1], shape=[1, 1])

@@ -534,6 +534,8 @@ class HopperMatmulV7(tilus.Script):
         self.takes_turns = self.promotes or self.boxes == 1
         if swap_ab:
             self.epilogue = self.epilogue_transposed
+            if self.promotes:
+                self.mma = self.mma_slot_in_flight  # block-wise decode: a slot's two K blocks at once
 
     def __call__(
         self,
@@ -1008,6 +1010,34 @@ class HopperMatmulV7Blockwise(HopperMatmulV7):
                 self.add(acc, partial * (rows * cols), out=acc)
             self.pipe.consumer_advance()
             self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)  # the slot just read
+        return acc
+
+    def mma_slot_in_flight(self, warpgroup: int, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
+        """swap_ab tiles (decode): a slot's two K blocks (block_k 256) into a partial each, both in flight, each
+        promoted once its own wgmmas have finished. A 16- or 64-wide tile has registers to spare, and its one
+        warpgroup would otherwise wait on each K block in turn."""
+        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+        row = self.block_m * tile_m + warpgroup * self.consumer_m
+        col = self.block_n * tile_n
+        for k_block in self.range(k_begin, k_end, 1):
+            self.pipe.consumer_acquire()
+            first = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n])
+            second = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n])
+            self.wgmma.fence()
+            s_b_first = self.reshape_shared(self.s_b[self.pipe.consumer_stage, 0], [self.block_n, BOX_K])
+            mma_fresh(self.s_a[self.pipe.consumer_stage, 0, warpgroup], s_b_first.transpose(), first)
+            self.wgmma.commit_group()
+            s_b_second = self.reshape_shared(self.s_b[self.pipe.consumer_stage, 1], [self.block_n, BOX_K])
+            mma_fresh(self.s_a[self.pipe.consumer_stage, 1, warpgroup], s_b_second.transpose(), second)
+            self.wgmma.commit_group()
+            rows, cols = self.block_scales(warpgroup, row, col, k_block * 2)
+            rows_2, cols_2 = self.block_scales(warpgroup, row, col, k_block * 2 + 1)
+            self.wgmma.wait_group(1)  # the first K block's wgmmas have finished, the second's may run on
+            self.add(acc, first * (rows * cols), out=acc)
+            self.wgmma.wait_group(0)
+            self.add(acc, second * (rows_2 * cols_2), out=acc)
+            self.pipe.consumer_advance()
+            self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
         return acc
 
     def scaled(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32) -> RegisterTensor:

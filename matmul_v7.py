@@ -973,11 +973,10 @@ class HopperMatmulV7Blockwise(HopperMatmulV7):
         self.tma.global_to_shared(src=self.g_scale_cols, dst=self.s_scale_cols[self.pipe.producer_stage],
                                   offsets=[k_block * self.k_boxes, self.block_n * tile_n], mbarrier=self.pipe.producer_barrier())
 
-    def block_scales(self, warpgroup: int, row: int32, col: int32, k_block: int32):
-        """The scales of K block k_block (a box of the slot) for this warpgroup's rows and the tile's columns, from
-        the slot (one of them a 1 x 1)."""
+    def block_scales(self, warpgroup: int, box: int32):
+        """The scales of the slot's K block ``box`` for this warpgroup's rows and the tile's columns, from the slot
+        (one of them a 1 x 1)."""
         if self.swap_ab:
-            box = k_block % self.k_boxes
             rows = self.load_shared(self.s_scale_rows[self.pipe.consumer_stage, box, 0])
             cols = self.load_shared(self.reshape_shared(self.s_scale_cols[self.pipe.consumer_stage, box], [1, self.block_n]))
             # each thread its own columns of the wgmma accumulator, in every row: a 1 x block_n load in tilus's
@@ -993,18 +992,13 @@ class HopperMatmulV7Blockwise(HopperMatmulV7):
     def mma(self, warpgroup: int, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
         """Each 128-column K block into a fresh partial, scaled and added to the running fp32 sum (the promotion)."""
         acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
-        row = self.block_m * tile_m + warpgroup * self.consumer_m
-        col = self.block_n * tile_n
         for k_block in self.range(k_begin, k_end, 1):
             self.pipe.consumer_acquire()
             for box in range(self.k_boxes):
-                # mma_fresh's first K step overwrites the partial (no zeroing: wgmma_fresh.py)
                 partial = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n])
                 self.wgmma.fence()
-                s_b_slot = self.reshape_shared(self.s_b[self.pipe.consumer_stage, box], [self.block_n, BOX_K])
-                mma_fresh(self.s_a[self.pipe.consumer_stage, box, warpgroup], s_b_slot.transpose(), partial)
-                self.wgmma.commit_group()
-                rows, cols = self.block_scales(warpgroup, row, col, k_block * self.k_boxes + box)  # during the wgmma
+                self.mma_box(warpgroup, box, partial)
+                rows, cols = self.block_scales(warpgroup, box)  # during the wgmma
                 self.wgmma.wait_group(0)  # the partial is final: meanwhile the other warpgroups' wgmmas run
                 # one FFMA an element, the row and column scales multiplied first (partial * rows * cols: 0.9x the speed)
                 self.add(acc, partial * (rows * cols), out=acc)
@@ -1012,26 +1006,27 @@ class HopperMatmulV7Blockwise(HopperMatmulV7):
             self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)  # the slot just read
         return acc
 
+    def mma_box(self, warpgroup: int, box: int32, partial: RegisterTensor):
+        """The slot's K block ``box`` into ``partial``, one commit group: mma_fresh's first K step overwrites the
+        partial (no zeroing: wgmma_fresh.py)."""
+        s_b_box = self.reshape_shared(self.s_b[self.pipe.consumer_stage, box], [self.block_n, BOX_K])
+        mma_fresh(self.s_a[self.pipe.consumer_stage, box, warpgroup], s_b_box.transpose(), partial)
+        self.wgmma.commit_group()
+
     def mma_slot_in_flight(self, warpgroup: int, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
         """swap_ab tiles (decode): a slot's two K blocks (block_k 256) into a partial each, both in flight, each
         promoted once its own wgmmas have finished. A 16- or 64-wide tile has registers to spare, and its one
         warpgroup would otherwise wait on each K block in turn."""
         acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
-        row = self.block_m * tile_m + warpgroup * self.consumer_m
-        col = self.block_n * tile_n
         for k_block in self.range(k_begin, k_end, 1):
             self.pipe.consumer_acquire()
             first = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n])
             second = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n])
             self.wgmma.fence()
-            s_b_first = self.reshape_shared(self.s_b[self.pipe.consumer_stage, 0], [self.block_n, BOX_K])
-            mma_fresh(self.s_a[self.pipe.consumer_stage, 0, warpgroup], s_b_first.transpose(), first)
-            self.wgmma.commit_group()
-            s_b_second = self.reshape_shared(self.s_b[self.pipe.consumer_stage, 1], [self.block_n, BOX_K])
-            mma_fresh(self.s_a[self.pipe.consumer_stage, 1, warpgroup], s_b_second.transpose(), second)
-            self.wgmma.commit_group()
-            rows, cols = self.block_scales(warpgroup, row, col, k_block * 2)
-            rows_2, cols_2 = self.block_scales(warpgroup, row, col, k_block * 2 + 1)
+            self.mma_box(warpgroup, 0, first)
+            self.mma_box(warpgroup, 1, second)
+            rows, cols = self.block_scales(warpgroup, 0)
+            rows_2, cols_2 = self.block_scales(warpgroup, 1)
             self.wgmma.wait_group(1)  # the first K block's wgmmas have finished, the second's may run on
             self.add(acc, first * (rows * cols), out=acc)
             self.wgmma.wait_group(0)

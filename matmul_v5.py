@@ -1,39 +1,14 @@
-"""v5: persistent blocks, 2-CTA clusters with TMA multicast, a swizzled and overlapped epilogue.
+"""v5: persistent blocks, and an epilogue that overlaps the next tile's K loop.
 
-What changed from v4, and why:
-
-1. Persistent blocks. A v4 block computes one tile and ends with its store, and the SM's
-   tensor cores idle until the next block has loaded its first slot. v5 launches one
-   block per SM (``num_sms``, an argument: one build serves every GPU), and each walks the
-   grouped tile order with a stride of the grid (``PersistentTileScheduler``). The
-   producer runs on into the next tile's loads while the consumers store the last one.
-2. Whole trips round the ring. K is rounded up to a multiple of stages x block_k (TMA
-   fills the steps past K with zeros), so every tile starts at slot 0 and the loops,
-   unrolled ``stages`` times, index slots by constants as in v4. The cost is padding where
-   stages x block_k does not divide K: K = 4104 with 4 stages is 65 steps, run as 68.
-3. An overlapped epilogue. The two consumer warpgroups take turns with one output tile
-   through two barriers (``s_c_free``); each goes on to its next tile once the TMA engine
-   has read its rows, so one warpgroup's MMAs run during the other's epilogue.
-4. A swizzled output tile: four 64-column boxes with TMA's 128-byte swizzle (16-byte
-   chunk c of row r at chunk c ^ r % 8), one TMA store per box. v4's rows of 512 bytes put
-   the 8 rows an stmatrix writes in the same 4 of the 32 banks: an 8-way conflict.
-5. 2-CTA clusters (``cluster_m`` 1 or 2, tuned). The two CTAs compute tiles above each
-   other; each loads half of their B tile and multicasts it into both, 16 + 16 KiB per K
-   step from L2 instead of 16 + 32. One thread per consumer warpgroup arrives on its own
-   and its peer's empty barrier (count 2 warpgroups x 2 CTAs), at CTA scope.
-6. A 128 x 224 tile for N = 14336: 14336 / 224 = 64 tile columns where 256 gives 56, so
-   M = 256 makes 128 tiles for 132 SMs, not 112. Its output boxes are 32 columns (the
-   64-byte swizzle), and its wgmma needs compat defect 7 (tilus 0.2.0 would issue seven
-   m64n32k16). 4 x 44 + 28 = 204 KiB of shared memory; 128 x 256 takes 4 x 48 + 32 = 224.
-
-On Blackwell only 1 and 2: all four warps store each tile after a block-wide sync that
-holds the producer too, so the next tile's loads wait for the store.
-
-What each technique is worth: docs/ablation.py switches each off alone and times the
-variants in one process (the table is in docs/results.md, "v5's ablation").
+A v4 block computes one tile and ends with its store; the SM's tensor cores idle until the
+next block has filled its ring. v5 launches one block per SM (``num_sms``, an argument), and
+each walks the grouped tile order with a stride of the grid (PersistentTileScheduler). The
+producer runs on into the next tile's loads while the consumers store the last one, and a
+consumer starts its next tile once the TMA engine has read its rows. Every tile takes whole
+trips round the ring (K rounded up to stages x block_k), so each starts at slot 0.
 
 Constraints as in v1. Run: python matmul_v5.py [--sizes ...] [--check-only] [--compile-only]
-Walkthrough: docs/v5.md, docs/v5-swizzle.md, docs/v5-clusters.md
+Walkthrough: docs/v5.md
 """
 
 import sys
@@ -41,44 +16,30 @@ import sys
 import tilus
 import torch
 from tilus import DataType, RegisterTensor, float16, float32, int32, uint32, void_p
-from tilus.ir.layout.shared_layout import Swizzle, shared_layout
+from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
 import support
 from pipeline import Pipeline
-from schedulers import GroupedTileOrder, PersistentTileScheduler, persistent_blocks
-from tcgen05_fences import after_thread_sync, before_thread_sync
+from schedulers import PersistentTileScheduler, persistent_blocks
 
 
-# v4's Blackwell kernel made persistent, and nothing else. Its epilogue is not overlapped:
-# all four warps store each tile (one TMEM lane per thread), after a block-wide sync that
-# also holds the producer, so the next tile's loads wait for the store. Clusters (cta_group
-# 2) and an epilogue overlapped through a second TMEM accumulator are the Blackwell
-# counterparts of the Hopper techniques below, left for a GPU to measure them on. The space
-# is v4's.
-@tilus.autotune("block_m, block_n, e_block_n", [[128, 64, 32], [128, 128, 32], [128, 256, 32]])
+# v4's tiles at their deepest rings, and its group sizes: 128 x 256 with 4 stages (4 x 48
+# KiB of ring and one 32 KiB output tile: 224 KiB of 227), 128 x 128 with 6 or 4, 128 x 64
+# with 8 for skinny shapes.
+@tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 128, 6], [128, 128, 4], [128, 64, 8]])
 @tilus.autotune("block_k", [64])
-@tilus.autotune("stages", [2, 3, 4])
-@tilus.autotune("group_m", [8, 16])
-class BlackwellMatmulV5(GroupedTileOrder, tilus.Script):
-    def __init__(
-        self,
-        block_m: int,
-        block_n: int,
-        block_k: int,
-        e_block_n: int,
-        stages: int,
-        group_m: int,
-        dtype: DataType = float16,
-    ):
+@tilus.autotune("group_m", [8, 16, 32])
+class HopperMatmulV5(tilus.Script):
+    def __init__(self, block_m: int, block_n: int, block_k: int, stages: int, group_m: int, dtype: DataType = float16):
         super().__init__()
         self.dtype = dtype  # float16 or bfloat16: A, B and C
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
-        self.e_block_n = e_block_n
         self.stages = stages
         self.group_m = group_m
+        self.consumer_m = block_m // 2  # rows of the tile each consumer warpgroup owns
 
     def __call__(
         self,
@@ -93,161 +54,7 @@ class BlackwellMatmulV5(GroupedTileOrder, tilus.Script):
         num_m = cdiv(m_size, self.block_m)
         num_n = cdiv(n_size, self.block_n)
         self.attrs.blocks = persistent_blocks(num_m * num_n, num_sms, 1)
-        self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
-
-        # 2. operands: global views, shared tiles, the accumulator
-        self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
-        self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
-        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
-        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
-        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
-        self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
-        self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
-
-        # 3. barriers
-        self.pipe = Pipeline(self.stages, consumer_arrivals=1)  # the tensor core arrives once per slot
-        self.flush_barrier = self.mbarrier.alloc(counts=[1])
-        self.sync()
-        self.pipe.producer_start()
-        self.pipe.consumer_start()
-        flush_phase: uint32 = 0
-        # every tile takes whole trips round the ring, as on Hopper
-        k_trips = cdiv(k_size, self.block_k * self.stages) * (self.block_k * self.stages)
-
-        # 1. the tiles of C this block computes: every gridDim.x-th, in the grouped order
-        for tile in self.range(self.blockIdx.x, num_m * num_n, self.gridDim.x):
-            tile_m, tile_n = self.grouped_tile(tile, num_m, num_n)
-            offset_m: int32 = self.block_m * tile_m
-            offset_n: int32 = self.block_n * tile_n
-
-            # 4. the K loop, one per role; the ring's cursors run on from tile to tile
-            with self.thread_group(thread_begin=0, num_threads=32):  # producer: the TMA warp
-                self.producer(offset_m, offset_n, k_trips)
-            with self.thread_group(thread_begin=32, num_threads=32):  # consumer: the MMA warp
-                self.mma(k_trips)
-                self.mbarrier.wait(self.flush_barrier, phase=flush_phase)  # every MMA has finished: TMEM holds the tile
-            flush_phase ^= 1
-            self.sync()  # all four warps store the tile: the producer loads the next one only after
-
-            # 5. epilogue
-            self.epilogue(offset_m, offset_n)
-
-        after_thread_sync()  # every warp's reads of TMEM before it is freed
-        self.tcgen05.dealloc(self.t_acc)
-
-    def producer(self, offset_m: int32, offset_n: int32, k_trips: int32):
-        """The TMA warp: every K step of the tile into the ring, as far ahead as the empty slots allow."""
-        self.pipe.producer_start_trips()
-        for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
-            self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
-            self.tma.global_to_shared(
-                src=self.g_a,
-                dst=self.s_a[self.pipe.producer_stage],
-                offsets=[offset_m, offset_k],
-                mbarrier=self.pipe.producer_barrier(),
-            )
-            self.tma.global_to_shared(
-                src=self.g_b,
-                dst=self.s_b[self.pipe.producer_stage],
-                offsets=[offset_n, offset_k],
-                mbarrier=self.pipe.producer_barrier(),
-            )
-            self.pipe.producer_advance()
-
-    def mma(self, k_trips: int32):
-        """The MMA warp, the ring's consumer: one tcgen05.mma per K step into TMEM, none waited for."""
-        after_thread_sync()  # the last tile's reads of TMEM (before a block sync) before this tile overwrites it
-        self.pipe.consumer_start_trips()
-        for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
-            self.pipe.consumer_acquire()
-            # the first step overwrites TMEM, which holds the last tile
-            self.tcgen05.mma(
-                self.s_a[self.pipe.consumer_stage],
-                self.s_b[self.pipe.consumer_stage].transpose(),
-                self.t_acc,
-                enable_input_d=offset_k != 0,
-            )
-            # no wait: the hardware arrives on the slot's empty barrier once this MMA has finished
-            self.pipe.consumer_release_async()
-            self.pipe.consumer_advance()
-
-        # flush barrier: one more commit tracks every MMA issued above
-        self.tcgen05.commit(mbarrier=self.flush_barrier)
-
-    def epilogue(self, offset_m: int32, offset_n: int32):
-        """TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time, by all 4 warps."""
-        after_thread_sync()  # the MMAs (the flush wait, then a block sync) before this thread reads TMEM
-        for e_offset_n in range(0, self.block_n, self.e_block_n):
-            t_acc_slice = self.tcgen05.slice(
-                self.t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
-            )
-            r_acc = self.tcgen05.load(t_acc_slice)
-            self.tcgen05.wait_load()
-            before_thread_sync()  # these reads of TMEM happen before the next thread sync
-            self.store_shared(self.s_c, r_acc.to(self.dtype))
-            # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
-            self.fence.proxy_async(space="shared")
-            self.sync()
-            with self.single_warp():
-                self.tma.shared_to_global(self.s_c, self.g_c, offsets=[offset_m, offset_n + e_offset_n], dims=[0, 1])
-                self.tma.commit_group()
-                self.tma.wait_group(n=0, read=True)  # s_c is rewritten next iteration
-            self.sync()
-
-
-# v4's tiles at their deepest rings and its 128 x 128 x 4 (decode with N = 14336), its group
-# sizes, and 128 x 224 (no room for a fifth stage: 4 x 44 KiB of ring and a 28 KiB output
-# tile are 204 KiB); cluster_m: 1 or 2 CTAs stacked in M sharing B. Clusters pay
-# where B traffic dominates (8192^3) and may cost where every tile fits in one wave
-# (2048 x 2048 x 8192: 16 x 8 = 128 tiles of 128 x 256, 64 units in clusters of 2), so the
-# tuner picks per shape.
-@tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 224, 4], [128, 128, 6], [128, 128, 4], [128, 64, 8]])
-@tilus.autotune("block_k", [64])
-@tilus.autotune("group_m", [8, 16, 32])
-@tilus.autotune("cluster_m", [1, 2])
-class HopperMatmulV5(tilus.Script):
-    def __init__(
-        self,
-        block_m: int,
-        block_n: int,
-        block_k: int,
-        stages: int,
-        group_m: int,
-        cluster_m: int,
-        dtype: DataType = float16,
-    ):
-        super().__init__()
-        self.dtype = dtype  # float16 or bfloat16: A, B and C
-        self.block_m = block_m
-        self.block_n = block_n
-        self.block_k = block_k
-        self.stages = stages
-        self.group_m = group_m
-        self.cluster_m = cluster_m
-        self.consumer_m = block_m // 2  # rows of the tile each consumer warpgroup owns
-        # the output tile's TMA boxes: 64 columns (128 bytes) where they divide the tile, else 32
-        self.box_n = 64 if block_n % 64 == 0 else 32
-        # a CTA's loads of B go to every CTA of its cluster
-        self.multicast_mask = (1 << cluster_m) - 1 if cluster_m > 1 else None
-
-    def __call__(
-        self,
-        m_size: int32,
-        n_size: int32,
-        k_size: int32,
-        a_ptr: void_p,
-        b_ptr: void_p,
-        c_ptr: void_p,
-        num_sms: int32,
-    ):
-        num_m = cdiv(m_size, self.block_m)
-        num_n = cdiv(n_size, self.block_n)
-        # a unit of work: cluster_m tiles stacked in M, one per CTA of a cluster, sharing B
-        num_units_m = cdiv(num_m, self.cluster_m)
-        num_units = num_units_m * num_n
-        self.attrs.blocks = persistent_blocks(num_units, num_sms, self.cluster_m)
-        self.attrs.cluster_blocks = self.cluster_m
-        self.attrs.warps = 9  # two consumer warpgroups, then the producer warp
+        self.attrs.warps = 9  # consumer warpgroups (warps 0-3, 4-7) + producer warp (warp 8)
 
         # 2. operands: global views, shared tiles (each consumer holds its own accumulator)
         self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
@@ -255,53 +62,29 @@ class HopperMatmulV5(tilus.Script):
         self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
         # A's slot holds one half per consumer; both consumers read the whole B slot
         self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.consumer_m, self.block_k])
-        # B's slot in cluster_m parts: each CTA of the cluster loads one part into every CTA
-        self.s_b = self.shared_tensor(
-            dtype=self.dtype, shape=[self.stages, self.cluster_m, self.block_n // self.cluster_m, self.block_k]
-        )
+        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
         # one output tile for both consumers, in turn, as in v4
-        self.s_c = self.output_tile()
+        self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.consumer_m, self.block_n])
+        # row-major, unswizzled: one TMA box for the whole tile (a 128-byte swizzle caps a box at 64 columns)
+        self.annotate_layout(self.s_c, shared_row_major(self.consumer_m, self.block_n))
 
-        # 3. barriers: a slot is free once both consumer warpgroups of every CTA that reads it let go
-        self.pipe = Pipeline(self.stages, consumer_arrivals=2 * self.cluster_m)
+        # 3. barriers
+        self.pipe = Pipeline(self.stages, consumer_arrivals=256)  # every thread of both consumers arrives
         self.s_c_free = self.mbarrier.alloc(counts=[1, 1])  # s_c is free for warpgroup 0, 1
-        if self.cluster_m > 1:
-            self.cluster.sync()  # a peer may signal our barriers only once they are initialised
-            rank: int32 = self.cluster.blockRank
-        else:
-            self.sync()
-            rank: int32 = 0
-        self.rank = rank  # this CTA's place in its cluster
+        self.sync()
         # every tile takes whole trips round the ring (TMA fills the steps past K with zeros),
         # so each tile starts at slot 0 and the unrolled loops index slots by constants
         k_trips = cdiv(k_size, self.block_k * self.stages) * (self.block_k * self.stages)
-        # 1. the units of work of this block (this cluster): every unit_step-th, in grouped order
-        self.scheduler = PersistentTileScheduler(num_units_m, num_n, num_units, self.group_m, self.cluster_m, rank)
+        # 1. the tiles of C this block computes: every gridDim.x-th, in grouped order
+        self.scheduler = PersistentTileScheduler(num_m, num_n, num_m * num_n, self.group_m)
 
         # 4. the K loop of every tile, one per role: the producer, each consumer
         self.producer(k_trips)
         self.consumer(0, k_trips)
         self.consumer(1, k_trips)
 
-        if self.cluster_m > 1:
-            self.cluster.sync()  # stay until the peer has stopped writing into our slots and barriers
-
-    def output_tile(self):
-        """s_c in 64-column boxes, each with TMA's 128-byte swizzle: no bank conflicts, a TMA store per box."""
-        # row r's 16-byte chunk c sits at chunk c ^ (r % 8), so the 8 rows an stmatrix writes
-        # hit 8 different bank groups; a 32-column box (64-byte rows, two to a bank line)
-        # takes TMA's 64-byte swizzle, chunk c ^ (r // 2 % 4), conflict free as well
-        boxes, box_n = self.block_n // self.box_n, self.box_n
-        swizzle = Swizzle(base=3, bits=3, shift=3) if box_n == 64 else Swizzle(base=3, bits=2, shift=3)
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[boxes, self.consumer_m, box_n])
-        self.annotate_layout(s_c, shared_layout(
-            shape=[boxes, self.consumer_m, box_n], mode_shape=[boxes, self.consumer_m, box_n],
-            mode_strides=[self.consumer_m * box_n, box_n, 1], optional_swizzle=swizzle,
-        ))
-        return s_c
-
     def producer(self, k_trips: int32):
-        """The TMA warp: every K step of every unit of this block, as far ahead as the ring allows."""
+        """The TMA warp: every K step of every tile of this block, as far ahead as the ring allows."""
         with self.thread_group(thread_begin=256, num_threads=32):  # producer: the TMA warp
             self.pipe.producer_start()
             self.load_units(k_trips)
@@ -324,22 +107,16 @@ class HopperMatmulV5(tilus.Script):
                     offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k],
                     mbarrier=self.pipe.producer_barrier(),
                 )
-            self.load_b(self.block_n * tile_n, offset_k)
+            self.tma.global_to_shared(
+                src=self.g_b,
+                dst=self.s_b[self.pipe.producer_stage],
+                offsets=[self.block_n * tile_n, offset_k],
+                mbarrier=self.pipe.producer_barrier(),
+            )
             self.pipe.producer_advance()
 
-    def load_b(self, offset_n: int32, offset_k: int32):
-        """Load slot producer_stage of B: all of it alone, or this CTA's part, multicast to the cluster."""
-        part_n = self.block_n // self.cluster_m
-        self.tma.global_to_shared(
-            src=self.g_b,
-            dst=self.s_b[self.pipe.producer_stage, self.rank],
-            offsets=[offset_n + self.rank * part_n, offset_k],
-            mbarrier=self.pipe.producer_barrier(),
-            multicast_mask=self.multicast_mask,
-        )
-
     def consumer(self, warpgroup: int, k_trips: int32):
-        """One consumer warpgroup: its rows of every unit's tile, the K loop then the epilogue."""
+        """One consumer warpgroup: its rows of every tile, the K loop then the epilogue."""
         with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
             self.pipe.consumer_start()
             c_phase: uint32 = 1 - warpgroup  # warpgroup 0 writes s_c first
@@ -358,34 +135,31 @@ class HopperMatmulV5(tilus.Script):
         self.pipe.consumer_start_trips()
         for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
             self.pipe.consumer_acquire()
-            s_b_slot = self.reshape_shared(self.s_b[self.pipe.consumer_stage], [self.block_n, self.block_k])
             self.wgmma.fence()
-            self.wgmma.mma(self.s_a[self.pipe.consumer_stage, warpgroup], s_b_slot.transpose(), acc)
+            self.wgmma.mma(
+                self.s_a[self.pipe.consumer_stage, warpgroup], self.s_b[self.pipe.consumer_stage].transpose(), acc
+            )
             self.wgmma.commit_group()
             self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
             if offset_k > 0:
-                self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
+                self.pipe.consumer_release_previous()
             self.pipe.consumer_advance()
         # Hopper's flush: the accumulator is final only now, and the tile's last slot is free
+        # (the producer loads the next tile into it)
         self.wgmma.wait_group(0)
-        self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
+        self.pipe.consumer_release_previous()
         return acc
 
     def epilogue(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
-        """Registers -> the swizzled s_c -> global, one TMA store per box; then s_c is the other's."""
+        """Registers -> shared -> global (TMA); once the TMA engine has read s_c, it is the other warpgroup's."""
         offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
         offset_n = self.block_n * tile_n
-        # the boxes seen as one consumer_m x block_n tile: the store is v4's
-        s_c_rows = self.reshape_shared(self.s_c.permute([1, 0, 2]), [self.consumer_m, self.block_n])
-        self.store_shared(s_c_rows, acc.to(self.dtype))
+        self.store_shared(self.s_c, acc.to(self.dtype))
         # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
         self.fence.proxy_async(space="shared")
         self.sync()  # this warpgroup only (a named barrier)
         with self.single_warp():
-            for box in range(self.block_n // self.box_n):
-                self.tma.shared_to_global(
-                    self.s_c[box], self.g_c, offsets=[offset_m, offset_n + box * self.box_n], dims=[0, 1]
-                )
+            self.tma.shared_to_global(self.s_c, self.g_c, offsets=[offset_m, offset_n], dims=[0, 1])
             self.tma.commit_group()
             self.tma.wait_group(n=0, read=True)  # the TMA engine has read s_c: the next writer may go
             with self.single_thread():
@@ -396,11 +170,11 @@ class HopperMatmulV5(tilus.Script):
         self.mbarrier.arrive(self.s_c_free[1 - warpgroup])
 
 
-KERNELS = {"blackwell": BlackwellMatmulV5, "hopper": HopperMatmulV5}
+KERNELS = support.kernels("v5", hopper=HopperMatmulV5)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """C = A @ B.T for A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+    """C = A @ B.T for A (M x K) and B (N x K) on a Hopper GPU, fp32 accumulation.
 
     A, B and C are all fp16 or all bf16.
 

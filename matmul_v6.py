@@ -1,320 +1,37 @@
-"""v6: stream-K, a fix-up that gives the same bits every run, an exact K tail, decode schedules.
+"""v6: a swizzled output tile, stored by TMA in 64-column boxes without bank conflicts.
 
-What changed from v5, and why. v5 gives each SM whole tiles, each with the whole of K:
-where the tiles do not fill whole waves, or are fewer than the SMs, SMs sit idle. v6 cuts
-the work along K as well, so that every SM gets the same number of K blocks.
+v5's output tile is row-major: a row of 256 fp16 is 512 bytes, so the 8 rows an stmatrix
+writes at once start in the same bank and collide 8 ways. v6 stores the tile as boxes of
+64 columns under TMA's 128-byte swizzle (16-byte chunk c of row r at chunk c ^ r % 8), one
+TMA store a box: the 8 rows land in 8 different bank groups. A box may also be 32 columns
+(the 64-byte swizzle), which makes a 128 x 224 tile possible: at N = 14336 it gives 64
+tile columns where 256 gives 56.
 
-1. Stream-K for the last waves (StreamKTileScheduler in schedulers.py; Osama et al.,
-   "Stream-K", 2023, and CUTLASS's sm90 stream-K tile scheduler): all but the last whole
-   wave data-parallel, the rest cut into equal ranges of K blocks, one per SM. 4096^3 in
-   128 x 256 tiles: 264 tiles whole, then 248 x 64 = 15,872 K blocks, 120 or 121 per SM,
-   ending at 2 + 121 / 64 = 3.89 tile times where v5 takes 4.
-2. A fix-up in a fixed order. A sharer (a worker whose piece ends before its tile's last K
-   block) leaves its fp32 sum in a workspace slot and sets a flag (st.release.gpu); the
-   owner (holding the last K block) waits for it (ld.acquire.gpu) and adds at most
-   MAX_SHARERS = 2 sums, lowest worker first: the same bits every run. The workspace,
-   2 x 132 x 64 x 256 x 4 B = 17.3 MB on an H100, is allocated once per GPU.
-3. An exact K tail: the ring's cursors run on from piece to piece, and each piece loads
-   exactly its K blocks: 33 steps at K = 2056, where v5's whole trips ran 36 or 40.
-4. Swapped operands for decode (swap_ab: C^T = B A^T): the weights on wgmma's M, the
-   caller's M <= 64 on its N; the epilogue stores the tile transposed.
-5. 128-column K blocks for decode: two TMA boxes of 64 columns (the widest the 128-byte
-   swizzle takes) per operand a slot, so a slot reads 256 B of each weight row;
-   128 x 16 x 128 in 6 x (32 + 4) = 216 KiB, 128 x 64 x 128 in 4 x (32 + 16) = 192 KiB.
-6. 64-row decode tiles, one consumer warpgroup (Hopper): twice the units, so at N = 4096
-   stream-K spreads the weights over 128 SMs, not 64; 10 x (16 + 4) = 200 KiB. Blackwell
-   keeps 128 rows: tilus 0.2.0's tcgen05.mma takes M = 128 only.
-7. Stream-K at 128 x 256 (Hopper): the owner starts from its one sharer's sum
-   (max_sharers = 1: ranges of at least a unit), and a producer warpgroup gives registers
-   to the consumers (setmaxnreg 40 and 232: 128 x 40 + 256 x 232 = 64,512 of 65,536).
-
-The tuner picks the tile, stream_k and swap_ab per size bucket; the schedule string shows
-them.
-
-Walkthrough: docs/v6.md, docs/v6-decode.md, docs/v6-register-split.md
 Constraints as in v1. Run: python matmul_v6.py [--sizes ...] [--check-only] [--compile-only]
+Walkthrough: docs/v6.md
 """
 
 import sys
 
 import tilus
 import torch
-from tilus import DataType, RegisterTensor, boolean, float16, float32, int32, uint32, void_p
-from tilus.hidet.ir.expr import if_then_else
-from tilus.hidet.ir.primitives.cuda.setmaxnreg import setmaxnreg
+from tilus import DataType, RegisterTensor, float16, float32, int32, uint32, void_p
 from tilus.ir.layout.shared_layout import Swizzle, shared_layout
 from tilus.utils import cdiv
 
 import support
 from pipeline import Pipeline
-from schedulers import MAX_SHARERS, StreamKTileScheduler, launch_blocks
-from tcgen05_fences import after_thread_sync, before_thread_sync
-
-# columns of an operand's TMA box: 128 B of fp16 or bf16, the widest the 128-byte swizzle takes
-# (5. above); a K block of block_k columns is block_k // BOX_K boxes side by side
-BOX_K = 64
+from schedulers import PersistentTileScheduler, persistent_blocks
 
 
-# v5's Blackwell kernel on v6's scheduler, with the exact K tail and stream-K, and the two
-# decode tiles of the Hopper kernel (swap_ab; tcgen05's N is a multiple of 16, so the
-# narrow one is 128 x 16). v5's tiles keep its deepest ring, four stages; the decode tiles
-# take 128-column K blocks in six and four stages, as on Hopper. A swapped tile leaves TMEM
-# for C without TMA: the transposed shared tile a TMA store would need does not build in
-# tilus 0.2.0 (no stmatrix .trans layout for a tcgen05 tile), and at M <= 64 C is small
-# beside the weights (docs/v6.md).
-@tilus.autotune("block_m, block_n, block_k, e_block_n, stages, swap_ab", [
-    [128, 64, 64, 32, 4, False], [128, 128, 64, 32, 4, False], [128, 256, 64, 32, 4, False],
-    [128, 16, 128, 16, 6, True], [128, 64, 128, 32, 4, True],
-])
-@tilus.autotune("group_m", [8])
-@tilus.autotune("stream_k", [False, True])
-class BlackwellMatmulV6(tilus.Script):
-    def __init__(
-        self,
-        block_m: int,
-        block_n: int,
-        block_k: int,
-        e_block_n: int,
-        stages: int,
-        group_m: int,
-        swap_ab: bool,
-        stream_k: bool,
-        dtype: DataType = float16,
-    ):
-        super().__init__()
-        self.dtype = dtype  # float16 or bfloat16: A, B and C
-        self.block_m = block_m
-        self.block_n = block_n
-        self.block_k = block_k
-        self.e_block_n = e_block_n
-        self.stages = stages
-        self.group_m = group_m
-        self.swap_ab = swap_ab
-        self.stream_k = stream_k
-        self.k_boxes = block_k // BOX_K  # TMA boxes per operand per slot, as on Hopper
-        if swap_ab:
-            self.store_slice = self.store_slice_transposed
-
-    def __call__(
-        self,
-        m_size: int32,
-        n_size: int32,
-        k_size: int32,
-        a_ptr: void_p,
-        b_ptr: void_p,
-        c_ptr: void_p,
-        num_sms: int32,
-        flags_ptr: void_p,
-        partials_ptr: void_p,
-    ):
-        # 2. operands: global views (with swap_ab C^T = B A^T, as on Hopper), shared tiles, the
-        # accumulator; the stream-K workspace (a ready flag and a partial tile per CTA)
-        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
-        swapped, plain = (b_ptr, a_ptr, n_size, m_size), (a_ptr, b_ptr, m_size, n_size)
-        ptr_a, ptr_b, rows_a, rows_b = swapped if self.swap_ab else plain
-        self.g_a = self.global_view(ptr_a, dtype=self.dtype, shape=[rows_a, k_size])
-        self.g_b = self.global_view(ptr_b, dtype=self.dtype, shape=[rows_b, k_size])
-        num_m = cdiv(rows_a, self.block_m)
-        num_n = cdiv(rows_b, self.block_n)
-        self.attrs.blocks = launch_blocks(num_m * num_n, num_sms, 1, self.stream_k)
-        self.attrs.warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
-        self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms])
-        self.g_partials = self.global_view(partials_ptr, dtype=float32, shape=[num_sms * self.block_m, self.block_n])
-        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_m, BOX_K])
-        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_n, BOX_K])
-        if not self.swap_ab:  # the transposed tile goes straight from registers to C
-            self.s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.e_block_n])
-        self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
-
-        # 3. barriers
-        self.pipe = Pipeline(self.stages, consumer_arrivals=1)  # the tensor core arrives once per slot
-        self.flush_barrier = self.mbarrier.alloc(counts=[1])
-        self.sync()
-        self.pipe.producer_start()
-        self.pipe.consumer_start()
-        flush_phase: uint32 = 0
-        # 1. this block's pieces of work: whole tiles, then a stream-K range of K blocks
-        self.scheduler = StreamKTileScheduler(
-            num_m, num_n, num_m * num_n, cdiv(k_size, self.block_k), self.group_m, 1, 0, self.stream_k
-        )
-        for item in self.scheduler.items():
-            tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
-
-            # 4. the K loop, one per role; the ring's cursors run on from piece to piece
-            with self.thread_group(thread_begin=0, num_threads=32):  # producer: the TMA warp
-                self.producer(tile_m, tile_n, k_begin, k_end)
-            with self.thread_group(thread_begin=32, num_threads=32):  # consumer: the MMA warp
-                self.mma(k_begin, k_end)
-                self.mbarrier.wait(self.flush_barrier, phase=flush_phase)  # every MMA has finished: TMEM holds the piece
-            flush_phase ^= 1
-            self.sync()  # all four warps end the piece: the producer loads the next one only after
-            after_thread_sync()  # the MMAs (the flush wait, then this sync) before any warp reads TMEM
-
-            # 5. the piece's end: a partial to the workspace, or the tile (with the partials added) to C
-            if self.stream_k:
-                self.end_piece(tile_m, tile_n, k_begin, k_end)
-            else:
-                self.epilogue(tile_m, tile_n)
-
-        after_thread_sync()  # every warp's reads of TMEM before it is freed
-        self.tcgen05.dealloc(self.t_acc)
-
-    def producer(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """The TMA warp: K blocks k_begin to k_end of the tile into the ring, the last one partial if K ends in it."""
-        for k_block in self.range(k_begin, k_end, 1):
-            offset_k = k_block * self.block_k
-            self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
-            for box in range(self.k_boxes):
-                self.tma.global_to_shared(
-                    src=self.g_a,
-                    dst=self.s_a[self.pipe.producer_stage, box],
-                    offsets=[self.block_m * tile_m, offset_k + box * BOX_K],
-                    mbarrier=self.pipe.producer_barrier(),
-                )
-                self.tma.global_to_shared(
-                    src=self.g_b,
-                    dst=self.s_b[self.pipe.producer_stage, box],
-                    offsets=[self.block_n * tile_n, offset_k + box * BOX_K],
-                    mbarrier=self.pipe.producer_barrier(),
-                )
-            self.pipe.producer_advance()
-
-    def mma(self, k_begin: int32, k_end: int32):
-        """The MMA warp, the ring's consumer: one tcgen05.mma per K block into TMEM, none waited for."""
-        after_thread_sync()  # the last tile's reads of TMEM (before a block sync) before this tile overwrites it
-        for k_block in self.range(k_begin, k_end, 1):
-            self.pipe.consumer_acquire()
-            for box in range(self.k_boxes):
-                # the piece's first MMA overwrites TMEM, which holds the last piece
-                self.tcgen05.mma(
-                    self.s_a[self.pipe.consumer_stage, box],
-                    self.s_b[self.pipe.consumer_stage, box].transpose(),
-                    self.t_acc,
-                    enable_input_d=k_block != k_begin or box > 0,
-                )
-            # no wait: the hardware arrives on the slot's empty barrier once this MMA has finished
-            self.pipe.consumer_release_async()
-            self.pipe.consumer_advance()
-
-        # flush barrier: one more commit tracks every MMA issued above
-        self.tcgen05.commit(mbarrier=self.flush_barrier)
-
-    def load_slice(self, e_offset_n: int32):
-        """e_block_n columns of the accumulator, TMEM -> registers."""
-        t_acc_slice = self.tcgen05.slice(
-            self.t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
-        )
-        r_acc = self.tcgen05.load(t_acc_slice)
-        self.tcgen05.wait_load()
-        before_thread_sync()  # these reads of TMEM happen before the next thread sync
-        return r_acc
-
-    def epilogue(self, tile_m: int32, tile_n: int32):
-        """TMEM -> registers -> shared -> global (TMA), e_block_n columns at a time, by all 4 warps."""
-        for e_offset_n in range(0, self.block_n, self.e_block_n):
-            self.store_slice(self.load_slice(e_offset_n).to(self.dtype), tile_m, tile_n, e_offset_n)
-
-    def end_piece(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """A stream-K piece's end, as on Hopper: its sum to the workspace, or the tile with the sharers' sums to C."""
-        if k_end < self.scheduler.k_blocks:
-            for e_offset_n in range(0, self.block_n, self.e_block_n):
-                self.store_global(self.g_partials, self.load_slice(e_offset_n),
-                                  offsets=[self.blockIdx.x * self.block_m, e_offset_n])
-            self.sync()  # every thread's stores happen before the release below
-            self.release_semaphore(self.g_flags[self.blockIdx.x].item_ptr(), 1)
-        else:
-            first = self.scheduler.first_sharer()
-            if k_begin > 0:
-                self.wait_for_sharers(first)
-            for e_offset_n in range(0, self.block_n, self.e_block_n):
-                r_acc = self.load_slice(e_offset_n)
-                if k_begin > 0:
-                    self.add_partials(r_acc, first, e_offset_n)
-                self.store_slice(r_acc.to(self.dtype), tile_m, tile_n, e_offset_n)
-            if k_begin > 0:
-                self.reset_flags(first)
-
-    def wait_for_sharers(self, first: int32):
-        """The owner's fix-up, 1: wait until every lower sharer of the tile has left its sum."""
-        for sharer in range(MAX_SHARERS):
-            if first + sharer < self.scheduler.worker:
-                self.lock_semaphore(self.g_flags[first + sharer].item_ptr(), 1)
-
-    def add_partials(self, r_acc: RegisterTensor, first: int32, e_offset_n: int32):
-        """2: add their sums of these columns, lowest worker first (a fixed order: the same bits every run)."""
-        for sharer in range(MAX_SHARERS):
-            if first + sharer < self.scheduler.worker:
-                partial = self.load_global(self.g_partials, offsets=[(first + sharer) * self.block_m, e_offset_n],
-                                           shape=[self.block_m, self.e_block_n])
-                self.add(r_acc, partial, out=r_acc)
-
-    def reset_flags(self, first: int32):
-        """3: their flags back to 0 for the next launch."""
-        for sharer in range(MAX_SHARERS):
-            if first + sharer < self.scheduler.worker:
-                self.release_semaphore(self.g_flags[first + sharer].item_ptr(), 0)
-
-    def store_slice(self, r_c: RegisterTensor, tile_m: int32, tile_n: int32, e_offset_n: int32):
-        """e_block_n columns of the tile to C through s_c and one TMA store."""
-        self.store_shared(self.s_c, r_c)
-        self.write_s_c(self.block_m * tile_m, self.block_n * tile_n + e_offset_n)
-
-    def store_slice_transposed(self, r_c: RegisterTensor, tile_m: int32, tile_n: int32, e_offset_n: int32):
-        """swap_ab: the slice is e_block_n rows of C (the caller's M) by block_m columns (TMEM's
-        lanes are C's columns), stored from registers straight to C; the warps of one row of C
-        write adjacent columns."""
-        offsets = [self.block_n * tile_n + e_offset_n, self.block_m * tile_m]
-        self.store_global(self.g_c, self.transpose(r_c), offsets=offsets)  # masked at M and N
-        self.sync()  # every warp has read TMEM before the next piece's MMAs overwrite it
-
-    def write_s_c(self, offset_m: int32, offset_n: int32):
-        """s_c to C at (offset_m, offset_n) by one TMA store, from one warp; s_c may be rewritten after."""
-        # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
-        self.fence.proxy_async(space="shared")
-        self.sync()
-        with self.single_warp():
-            self.tma.shared_to_global(self.s_c, self.g_c, offsets=[offset_m, offset_n], dims=[0, 1])
-            self.tma.commit_group()
-            self.tma.wait_group(n=0, read=True)  # s_c is rewritten next iteration
-        self.sync()
-
-
-# v5's tiles, rings and clusters, and four tiles for decode (swap_ab: the kernel's A is the
-# caller's B, so M <= 64 sits on wgmma's N of 16 or 64 instead of filling half or more of a
-# 128-row tile with zeros; 128 or 64 weight rows, 6 above; K blocks of 128 columns, two TMA
-# boxes each, and as many stages as shared memory holds: see 5 above).
-# stream_k is on or off per schedule, and the tuner picks. With 128 x 256 only in clusters of
-# two (7. above) and not with 128 x 224:
-# the partial loaded beside a 64 x 224 accumulator is 2 x 112 = 224 registers a thread, all
-# but 8 of even the register split's 232. group_m is 8 alone: v5's tuner
-# chose 8 at most shapes of more than one wave (16 or 32 at 16384 x 1024 x 4096 and
-# 16384^3), and with fewer units than SMs it is moot.
-@tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
-    [128, 256, 64, 4, 1, False, False], [128, 256, 64, 4, 2, False, False],
-    [128, 256, 64, 4, 2, False, True],
-    [128, 224, 64, 4, 1, False, False], [128, 224, 64, 4, 2, False, False],
-    [128, 128, 64, 6, 1, False, False], [128, 128, 64, 6, 2, False, False],
-    [128, 128, 64, 6, 1, False, True], [128, 128, 64, 6, 2, False, True],
-    [128, 64, 64, 8, 1, False, False], [128, 64, 64, 8, 1, False, True],
-    [128, 16, 128, 6, 1, True, False], [128, 16, 128, 6, 1, True, True],
-    [128, 64, 128, 4, 1, True, False], [128, 64, 128, 4, 1, True, True],
-    [64, 16, 128, 10, 1, True, False], [64, 16, 128, 10, 1, True, True],
-    [64, 64, 128, 6, 1, True, False], [64, 64, 128, 6, 1, True, True],
-])
-@tilus.autotune("group_m", [8])
+# v5's tiles, and 128 x 224 for N = 14336: 14336 / 224 = 64 tile columns where 256 gives 56,
+# so M = 256 makes 128 tiles for 132 SMs, not 112. No room for a fifth stage: 4 x 44 KiB of
+# ring and a 28 KiB output tile are 204 KiB.
+@tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 224, 4], [128, 128, 6], [128, 128, 4], [128, 64, 8]])
+@tilus.autotune("block_k", [64])
+@tilus.autotune("group_m", [8, 16, 32])
 class HopperMatmulV6(tilus.Script):
-    def __init__(
-        self,
-        block_m: int,
-        block_n: int,
-        block_k: int,
-        stages: int,
-        group_m: int,
-        cluster_m: int,
-        swap_ab: bool,
-        stream_k: bool,
-        dtype: DataType = float16,
-    ):
+    def __init__(self, block_m: int, block_n: int, block_k: int, stages: int, group_m: int, dtype: DataType = float16):
         super().__init__()
         self.dtype = dtype  # float16 or bfloat16: A, B and C
         self.block_m = block_m
@@ -322,22 +39,9 @@ class HopperMatmulV6(tilus.Script):
         self.block_k = block_k
         self.stages = stages
         self.group_m = group_m
-        self.cluster_m = cluster_m
-        self.swap_ab = swap_ab
-        self.stream_k = stream_k
-        # a consumer warpgroup per 64 rows (wgmma's M): two for v5's 128-row tiles, one for a 64-row one (6.)
-        self.consumers = block_m // 64
-        self.consumer_m = 64  # rows of the tile each consumer warpgroup owns
-        # 128 x 256 stream-K (7.): the owner starts from its one sharer's sum, and a producer
-        # warpgroup hands its registers to the consumers (setmaxnreg)
-        self.owner_starts_from_partial = stream_k and block_n > 128
-        self.register_split = self.owner_starts_from_partial
-        self.k_boxes = block_k // BOX_K  # TMA boxes per operand per slot
-        # a CTA's loads of B go to every CTA of its cluster
-        self.multicast_mask = (1 << cluster_m) - 1 if cluster_m > 1 else None
-        if swap_ab:
-            self.output_tile = self.output_tile_transposed
-            self.epilogue = self.epilogue_transposed
+        self.consumer_m = block_m // 2  # rows of the tile each consumer warpgroup owns
+        # the output tile's TMA boxes: 64 columns (128 bytes) where they divide the tile, else 32
+        self.box_n = 64 if block_n % 64 == 0 else 32
 
     def __call__(
         self,
@@ -348,279 +52,150 @@ class HopperMatmulV6(tilus.Script):
         b_ptr: void_p,
         c_ptr: void_p,
         num_sms: int32,
-        flags_ptr: void_p,
-        partials_ptr: void_p,
     ):
-        # 2. operands. With swap_ab the kernel computes C^T = B A^T: its A is the caller's B and
-        # its M the caller's N; only the epilogue, which stores the tile transposed, knows
+        num_m = cdiv(m_size, self.block_m)
+        num_n = cdiv(n_size, self.block_n)
+        self.attrs.blocks = persistent_blocks(num_m * num_n, num_sms, 1)
+        self.attrs.warps = 9  # consumer warpgroups (warps 0-3, 4-7) + producer warp (warp 8)
+
+        # 2. operands: global views, shared tiles (each consumer holds its own accumulator)
+        self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
         self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
-        swapped, plain = (b_ptr, a_ptr, n_size, m_size), (a_ptr, b_ptr, m_size, n_size)
-        ptr_a, ptr_b, rows_a, rows_b = swapped if self.swap_ab else plain
-        self.g_a = self.global_view(ptr_a, dtype=self.dtype, shape=[rows_a, k_size])
-        self.g_b = self.global_view(ptr_b, dtype=self.dtype, shape=[rows_b, k_size])
-        num_m = cdiv(rows_a, self.block_m)
-        num_n = cdiv(rows_b, self.block_n)
-        # a unit of work: cluster_m tiles stacked in M, one per CTA of a cluster, sharing B
-        num_units_m = cdiv(num_m, self.cluster_m)
-        num_units = num_units_m * num_n
-        self.attrs.blocks = launch_blocks(num_units, num_sms, self.cluster_m, self.stream_k)
-        self.attrs.cluster_blocks = self.cluster_m
-        self.attrs.warps = 4 * self.consumers + (4 if self.register_split else 1)
-        # the stream-K workspace: a ready flag and a partial tile per (CTA, consumer warpgroup)
-        self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms * 2])
-        self.g_partials = self.global_view(
-            partials_ptr, dtype=float32, shape=[num_sms * 2 * self.consumer_m, self.block_n]
-        )
-        # a slot is k_boxes boxes of BOX_K columns side by side (5. above); in each, A holds one
-        # part per consumer, and every consumer reads the whole of B
-        self.s_a = self.shared_tensor(
-            dtype=self.dtype, shape=[self.stages, self.k_boxes, self.consumers, self.consumer_m, BOX_K]
-        )
-        # B's slot in cluster_m parts: each CTA of the cluster loads one part into every CTA
-        self.s_b = self.shared_tensor(
-            dtype=self.dtype, shape=[self.stages, self.k_boxes, self.cluster_m, self.block_n // self.cluster_m, BOX_K]
-        )
-        # one output tile for the consumers, in turn, as in v4
+        # A's slot holds one half per consumer; both consumers read the whole B slot
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.consumer_m, self.block_k])
+        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        # one output tile for both consumers, in turn, as in v4
         self.s_c = self.output_tile()
 
-        # 3. barriers: a slot is free once every consumer warpgroup of every CTA that reads it lets go
-        self.pipe = Pipeline(self.stages, consumer_arrivals=self.consumers * self.cluster_m)
-        self.s_c_free = self.mbarrier.alloc(counts=[1] * self.consumers)  # s_c is free for warpgroup 0 (, 1)
-        if self.cluster_m > 1:
-            self.cluster.sync()  # a peer may signal our barriers only once they are initialised
-            rank: int32 = self.cluster.blockRank
-        else:
-            self.sync()
-            rank: int32 = 0
-        self.rank = rank  # this CTA's place in its cluster
-        # 1. this block's (this cluster's) pieces of work: whole tiles, then a stream-K range of K blocks
-        self.scheduler = StreamKTileScheduler(
-            num_units_m, num_n, num_units, cdiv(k_size, self.block_k), self.group_m, self.cluster_m, rank,
-            self.stream_k, 1 if self.owner_starts_from_partial else MAX_SHARERS,
-        )
+        # 3. barriers
+        self.pipe = Pipeline(self.stages, consumer_arrivals=256)  # every thread of both consumers arrives
+        self.s_c_free = self.mbarrier.alloc(counts=[1, 1])  # s_c is free for warpgroup 0, 1
+        self.sync()
+        # every tile takes whole trips round the ring (TMA fills the steps past K with zeros),
+        # so each tile starts at slot 0 and the unrolled loops index slots by constants
+        k_trips = cdiv(k_size, self.block_k * self.stages) * (self.block_k * self.stages)
+        # 1. the tiles of C this block computes: every gridDim.x-th, in grouped order
+        self.scheduler = PersistentTileScheduler(num_m, num_n, num_m * num_n, self.group_m)
 
-        # 4. the K loop of every piece, one per role: the producer, each consumer
-        self.producer()
-        self.consumer(0)
-        if self.consumers == 2:
-            self.consumer(1)
-
-        if self.cluster_m > 1:
-            self.cluster.sync()  # stay until the peer has stopped writing into our slots and barriers
+        # 4. the K loop of every tile, one per role: the producer, each consumer
+        self.producer(k_trips)
+        self.consumer(0, k_trips)
+        self.consumer(1, k_trips)
 
     def output_tile(self):
         """s_c in 64-column boxes, each with TMA's 128-byte swizzle: no bank conflicts, a TMA store per box."""
         # row r's 16-byte chunk c sits at chunk c ^ (r % 8), so the 8 rows an stmatrix writes
         # hit 8 different bank groups; a 32-column box (64-byte rows, two to a bank line)
-        # takes the 64-byte swizzle, chunk c ^ (r // 2 % 4), conflict free as well
-        box_n = 64 if self.block_n % 64 == 0 else 32
-        return self.swizzled_boxes(self.block_n // box_n, self.consumer_m, box_n)
-
-    def output_tile_transposed(self):
-        """swap_ab: a warpgroup's tile is block_n rows of C (the caller's M) by its 64 columns: one box."""
-        return self.swizzled_boxes(1, self.block_n, 64)
-
-    def swizzled_boxes(self, boxes: int, rows: int, box_n: int):
+        # takes TMA's 64-byte swizzle, chunk c ^ (r // 2 % 4), conflict free as well
+        boxes, box_n = self.block_n // self.box_n, self.box_n
         swizzle = Swizzle(base=3, bits=3, shift=3) if box_n == 64 else Swizzle(base=3, bits=2, shift=3)
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[boxes, rows, box_n])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[boxes, self.consumer_m, box_n])
         self.annotate_layout(s_c, shared_layout(
-            shape=[boxes, rows, box_n], mode_shape=[boxes, rows, box_n], mode_strides=[rows * box_n, box_n, 1],
-            optional_swizzle=swizzle,
+            shape=[boxes, self.consumer_m, box_n], mode_shape=[boxes, self.consumer_m, box_n],
+            mode_strides=[self.consumer_m * box_n, box_n, 1], optional_swizzle=swizzle,
         ))
         return s_c
 
-    def producer(self):
-        """The TMA warp: every K block of every piece of this block, as far ahead as the ring allows."""
-        if self.register_split:
-            with self.thread_group(thread_begin=128 * self.consumers, num_threads=128):
-                setmaxnreg(40, "dec")  # the producer warpgroup gives registers to the consumers
-                with self.thread_group(thread_begin=0, num_threads=32):  # the TMA warp
-                    self.load_pieces()
-        else:
-            with self.thread_group(thread_begin=128 * self.consumers, num_threads=32):
-                self.load_pieces()
+    def producer(self, k_trips: int32):
+        """The TMA warp: every K step of every tile of this block, as far ahead as the ring allows."""
+        with self.thread_group(thread_begin=256, num_threads=32):  # producer: the TMA warp
+            self.pipe.producer_start()
+            self.load_units(k_trips)
 
-    def load_pieces(self):
-        self.pipe.producer_start()
-        for item in self.scheduler.items():
-            tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
-            self.load_piece(tile_m, tile_n, k_begin, k_end)
+    def load_units(self, k_trips: int32):
+        """Tile after tile with nothing in between: the next tile's loads overlap the last one's epilogue."""
+        for unit in self.scheduler.units():
+            tile_m, tile_n = self.scheduler.tile(unit)
+            self.load_tile(tile_m, tile_n, k_trips)
 
-    def load_piece(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """K blocks k_begin to k_end of a tile: A in 64-row parts, one per consumer, then B, box by box.
-
-        The ring's cursor runs on from piece to piece, whatever its length: no piece is
-        padded to whole trips, and the last K block is partial where block_k does not
-        divide K (TMA fills what lies past K with zeros).
-        """
-        for k_block in self.range(k_begin, k_end, 1):
-            offset_k = k_block * self.block_k
+    def load_tile(self, tile_m: int32, tile_n: int32, k_trips: int32):
+        """The tile's K loop, whole trips round the ring: A in two halves, one per consumer, then B."""
+        self.pipe.producer_start_trips()
+        for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
             self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
-            for box in range(self.k_boxes):
-                for part in range(self.consumers):
-                    self.tma.global_to_shared(
-                        src=self.g_a,
-                        dst=self.s_a[self.pipe.producer_stage, box, part],
-                        offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k + box * BOX_K],
-                        mbarrier=self.pipe.producer_barrier(),
-                    )
-                self.load_b(self.block_n * tile_n, offset_k + box * BOX_K, box)
+            for part in range(2):
+                self.tma.global_to_shared(
+                    src=self.g_a,
+                    dst=self.s_a[self.pipe.producer_stage, part],
+                    offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k],
+                    mbarrier=self.pipe.producer_barrier(),
+                )
+            self.tma.global_to_shared(
+                src=self.g_b,
+                dst=self.s_b[self.pipe.producer_stage],
+                offsets=[self.block_n * tile_n, offset_k],
+                mbarrier=self.pipe.producer_barrier(),
+            )
             self.pipe.producer_advance()
 
-    def load_b(self, offset_n: int32, offset_k: int32, box: int32):
-        """Load slot producer_stage of B: all of it alone, or this CTA's part, multicast to the cluster."""
-        part_n = self.block_n // self.cluster_m
-        self.tma.global_to_shared(
-            src=self.g_b,
-            dst=self.s_b[self.pipe.producer_stage, box, self.rank],
-            offsets=[offset_n + self.rank * part_n, offset_k],
-            mbarrier=self.pipe.producer_barrier(),
-            multicast_mask=self.multicast_mask,
-        )
-
-    def next_consumer(self, warpgroup: int) -> int:
-        """The warpgroup that writes s_c after this one: the other of two, or itself when it is alone."""
-        return (warpgroup + 1) % self.consumers
-
-    def consumer(self, warpgroup: int):
-        """One consumer warpgroup: its rows of every piece, the K loop then the piece's end."""
+    def consumer(self, warpgroup: int, k_trips: int32):
+        """One consumer warpgroup: its rows of every tile, the K loop then the epilogue."""
         with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
-            if self.register_split:
-                setmaxnreg(232, "inc")
             self.pipe.consumer_start()
             c_phase: uint32 = 1 - warpgroup  # warpgroup 0 writes s_c first
-            for item in self.scheduler.items():
-                tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
-                acc = self.mma(warpgroup, k_begin, k_end)
+            for unit in self.scheduler.units():
+                tile_m, tile_n = self.scheduler.tile(unit)
+                acc = self.mma(warpgroup, k_trips)
 
-                # 5. the piece's end: the consumers take turns with s_c
+                # 5. epilogue: the two consumers take turns with s_c
                 self.mbarrier.wait(self.s_c_free[warpgroup], phase=c_phase)
                 c_phase ^= 1
-                if self.stream_k:
-                    self.end_piece(warpgroup, acc, tile_m, tile_n, k_begin, k_end)
-                else:
-                    self.epilogue(warpgroup, acc, tile_m, tile_n)
+                self.epilogue(warpgroup, acc, tile_m, tile_n)
 
-    def mma(self, warpgroup: int, k_begin: int32, k_end: int32):
-        """This warpgroup's rows of one piece, K blocks k_begin to k_end, into a fresh accumulator."""
-        if self.owner_starts_from_partial:
-            acc = self.start_from_partial(warpgroup, k_begin, k_end)
-        else:
-            acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
-        for k_block in self.range(k_begin, k_end, 1):
+    def mma(self, warpgroup: int, k_trips: int32):
+        """This warpgroup's rows of one tile, whole trips round the ring, into a fresh accumulator."""
+        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+        self.pipe.consumer_start_trips()
+        for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
             self.pipe.consumer_acquire()
             self.wgmma.fence()
-            for box in range(self.k_boxes):
-                s_b_slot = self.reshape_shared(self.s_b[self.pipe.consumer_stage, box], [self.block_n, BOX_K])
-                self.wgmma.mma(self.s_a[self.pipe.consumer_stage, box, warpgroup], s_b_slot.transpose(), acc)
+            self.wgmma.mma(
+                self.s_a[self.pipe.consumer_stage, warpgroup], self.s_b[self.pipe.consumer_stage].transpose(), acc
+            )
             self.wgmma.commit_group()
             self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
-            if k_block > k_begin:
-                self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
+            if offset_k > 0:
+                self.pipe.consumer_release_previous()
             self.pipe.consumer_advance()
-        # Hopper's flush: the accumulator is final only now, and the piece's last slot is free
+        # Hopper's flush: the accumulator is final only now, and the tile's last slot is free
+        # (the producer loads the next tile into it)
         self.wgmma.wait_group(0)
-        self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
+        self.pipe.consumer_release_previous()
         return acc
-
-    def end_piece(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32, k_begin: int32,
-                  k_end: int32):
-        """A stream-K piece's end: its sum to the workspace, or the tile, with its sharers' sums added, to C."""
-        if k_end < self.scheduler.k_blocks:
-            self.save_partial(warpgroup, acc)  # the tile's owner adds it
-            with self.single_thread():
-                self.mbarrier.arrive(self.s_c_free[self.next_consumer(warpgroup)])  # s_c unused: the next one's turn
-        else:
-            if k_begin > 0 and not self.owner_starts_from_partial:
-                self.add_partials(warpgroup, acc)
-            self.epilogue(warpgroup, acc, tile_m, tile_n)
-
-    def add_partials(self, warpgroup: int, acc: RegisterTensor):
-        """The owner's fix-up: the sums of the tile's sharers (at most MAX_SHARERS), lowest worker first.
-
-        Written out for MAX_SHARERS = 2 rather than looped: here a load_global in a runtime
-        loop does not build in tilus 0.2.0 (the Blackwell kernel's loop does). The first
-        sharer always exists: a lower worker holds K block 0.
-        """
-        first = self.scheduler.first_sharer()
-        self.add_partial(warpgroup, acc, first, True)
-        if first + 1 < self.scheduler.worker:
-            self.add_partial(warpgroup, acc, first + 1, True)
-
-    def add_partial(self, warpgroup: int, acc: RegisterTensor, worker: int32, owner: boolean):
-        """Wait for a sharer's flag, add its sum to acc, and set the flag back to 0 for the next launch.
-
-        ``owner`` false (a run-time condition, start_from_partial) adds zeros instead: the
-        rows past the workspace, which load_global masks to zeros without reading.
-        """
-        slot: int32 = (worker * self.cluster_m + self.rank) * 2 + warpgroup
-        flag: ~int32 = self.g_flags[slot].item_ptr()
-        if owner:
-            self.lock_semaphore(flag, 1)
-        row = if_then_else(owner, slot * self.consumer_m, self.g_partials.shape[0])
-        partial = self.load_global(self.g_partials, offsets=[row, 0], shape=[self.consumer_m, self.block_n])
-        self.add(acc, partial, out=acc)
-        if owner:
-            self.release_semaphore(flag, 0)
-
-    def start_from_partial(self, warpgroup: int, k_begin: int32, k_end: int32):
-        """A fresh accumulator: the sharer's sum for the owner's piece, zeros for any other piece.
-
-        Every piece loads and adds to zeros, the others from past the workspace: where the
-        accumulator was either loaded or constant zeros, ptxas serialised every wgmma of the
-        kernel (C7515), and where the load wrote it directly, too (C7514).
-        """
-        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
-        owner = k_begin > 0 and k_end == self.scheduler.k_blocks
-        self.add_partial(warpgroup, acc, self.scheduler.first_sharer(), owner)
-        return acc
-
-    def save_partial(self, warpgroup: int, acc: RegisterTensor):
-        """The piece's sum to this CTA and warpgroup's slot, then its flag (st.release: after every thread's stores)."""
-        slot: int32 = self.blockIdx.x * 2 + warpgroup
-        flag: ~int32 = self.g_flags[slot].item_ptr()
-        self.store_global(self.g_partials, acc, offsets=[slot * self.consumer_m, 0])
-        self.sync()  # this warpgroup's named barrier: all 128 threads have stored
-        self.release_semaphore(flag, 1)
 
     def epilogue(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
         """Registers -> the swizzled s_c -> global, one TMA store per box; then s_c is the other's."""
         offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
         offset_n = self.block_n * tile_n
-        # the boxes seen as one consumer_m x block_n tile
+        # the boxes seen as one consumer_m x block_n tile: the store is v5's
         s_c_rows = self.reshape_shared(self.s_c.permute([1, 0, 2]), [self.consumer_m, self.block_n])
         self.store_shared(s_c_rows, acc.to(self.dtype))
-        self.store_output(warpgroup, offset_m, offset_n)
-
-    def epilogue_transposed(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
-        """swap_ab: the tile is C^T's, so it goes to s_c transposed (stmatrix .trans), then to C as one box."""
-        self.store_shared(self.s_c[0], self.transpose(acc.to(self.dtype)))
-        self.store_output(warpgroup, self.block_n * tile_n, self.block_m * tile_m + warpgroup * self.consumer_m)
-
-    def store_output(self, warpgroup: int, offset_m: int32, offset_n: int32):
-        """s_c's boxes to C from (offset_m, offset_n) on, by TMA; once read, s_c is the other warpgroup's."""
         # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
         self.fence.proxy_async(space="shared")
         self.sync()  # this warpgroup only (a named barrier)
         with self.single_warp():
-            for box in range(self.s_c.shape[0]):
+            for box in range(self.block_n // self.box_n):
                 self.tma.shared_to_global(
-                    self.s_c[box], self.g_c, offsets=[offset_m, offset_n + box * self.s_c.shape[2]], dims=[0, 1]
+                    self.s_c[box], self.g_c, offsets=[offset_m, offset_n + box * self.box_n], dims=[0, 1]
                 )
             self.tma.commit_group()
             self.tma.wait_group(n=0, read=True)  # the TMA engine has read s_c: the next writer may go
             with self.single_thread():
-                self.mbarrier.arrive(self.s_c_free[self.next_consumer(warpgroup)])
+                self.release_s_c(warpgroup)
+
+    def release_s_c(self, warpgroup: int):
+        """Hand s_c to the other warpgroup; this one goes on to its next tile at once."""
+        self.mbarrier.arrive(self.s_c_free[1 - warpgroup])
 
 
-KERNELS = {"blackwell": BlackwellMatmulV6, "hopper": HopperMatmulV6}
+KERNELS = support.kernels("v6", hopper=HopperMatmulV6)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """C = A @ B.T for A (M x K) and B (N x K) on a Hopper or Blackwell GPU, fp32 accumulation.
+    """C = A @ B.T for A (M x K) and B (N x K) on a Hopper GPU, fp32 accumulation.
 
-    A, B and C are all fp16 or all bf16. The stream-K schedules use one workspace per GPU:
-    calls on two streams of one GPU must not run at the same time.
+    A, B and C are all fp16 or all bf16.
 
     Raises TypeError/ValueError naming the rule for input the kernels cannot take.
     """

@@ -1,489 +1,38 @@
-"""v7: fp8 (e4m3) A and B at twice the tensor rate, with the scalings LLMs use.
+"""v7: 2-CTA clusters: two CTAs stacked in M share their B tile through TMA multicast.
 
-What changed from v6, and why. v6 is level with cuBLAS in fp16 and bf16; Hopper's tensor
-cores multiply e4m3 at twice that rate, and a decode step reads half the bytes. An fp8
-value holds 3 mantissa bits and a range of +-448, so each operand comes with scales:
-A ~= A8 * scale_a and B ~= B8 * scale_b, and C = (A8 B8^T) scaled.
+Two CTAs of a cluster compute tiles above each other, which need the same B tile. Each loads
+half of it and multicasts the half into both, so a K step reads 16 + 16 KiB from L2 per CTA
+instead of 16 + 32 (128 x 256 tiles). A slot is free only once the consumers of both CTAs have
+read it: one thread per consumer warpgroup arrives on its own CTA's empty barrier and on its
+peer's (count 2 warpgroups x 2 CTAs). ``cluster_m`` (1 or 2) is tuned per shape: clusters
+pay where B's traffic dominates and may cost where the tiles are fewer than two waves.
 
-1. fp8 operands, v6's kernels. wgmma takes e4m3 K-major from shared memory for both
-   operands, which is this repository's layout, 32 K a step (m64nNk32). A slot keeps v6's
-   bytes: a K block of 128 fp8 columns is 128 B a row, one box under the 128-byte swizzle.
-2. Per-tensor and row-wise scales, in the epilogue: a scale per row of A and per row of B
-   multiply the fp32 sums, C[i, j] = scale_a[i] * scale_b[j] * sum_k A8[i, k] B8[j, k];
-   a per-tensor scale is a row-wise one with stride 0 (one kernel, two views). They are
-   loaded while the last K block's wgmmas run: after them, the tensor cores wait.
-3. Block-wise scales (DeepSeek-V3's: 1 x 128 for activations, 128 x 128 for weights):
-   the scale changes every 128 K, so each K block's sum is scaled on its own and added
-   into an fp32 accumulator in registers, the promotion (HopperMatmulV7Blockwise). It also
-   keeps precision: the fp8 wgmma adds its products in fewer than 32 bits, and a sum
-   that never runs longer than 128 K loses less. The promoted tile needs the block's
-   partial and the running sum, 2 x 64 registers a thread at 64 x 128 per warpgroup, so
-   block-wise tiles are at most 128 wide; the others' wgmmas run while one warpgroup
-   promotes, so 192 x 128 tiles have three consumer warpgroups. Nothing else goes in the
-   K loop: each slot brings its K block's scales, and each partial comes from a wgmma
-   whose first K step overwrites it (wgmma_fresh.py) rather than from zeroed registers.
-4. The epilogue weighs twice as much, the K loop taking half the time: per-tensor and
-   row-wise consumers each own a ring of two 64-column output boxes, a box's TMA store
-   running while the next is written, instead of taking turns with one tile as in v4.
-   The block-wise ones still take turns: with a ring each they measured 5-8% slower.
-5. Blackwell (built for sm_100a and protocol-checked, never run): v6's kernel on
-   kind::f8f6f4, the scales applied to each TMEM slice in the epilogue; block-wise keeps
-   the sum in TMEM and promotes from a ring of two TMEM partials filled by the MMA warp.
-
-The scaling is read from the scales' shapes (matmul below); the tuner picks the tile,
-stream_k and swap_ab per size bucket and scaling, as in v6. Walkthrough: docs/v7.md.
-Constraints: A (M x K) and B (N x K) torch.float8_e4m3fn, contiguous, K a multiple of 16
-(TMA's 16-byte rows); scales float32; C bf16 or fp16, N a multiple of 8.
-Run: python matmul_v7.py [--sizes ...] [--check-only] [--compile-only]
+Constraints as in v1. Run: python matmul_v7.py [--sizes ...] [--check-only] [--compile-only]
+Walkthrough: docs/v7.md
 """
 
 import sys
 
 import tilus
 import torch
-from tilus import DataType, RegisterTensor, bfloat16, boolean, float8_e4m3, float32, int32, uint32, void_p
-from tilus.hidet.ir.expr import if_then_else
-from tilus.hidet.ir.primitives.cuda.setmaxnreg import setmaxnreg
-from tilus.ir.layout.register_layout import register_layout
+from tilus import DataType, RegisterTensor, float16, float32, int32, uint32, void_p
 from tilus.ir.layout.shared_layout import Swizzle, shared_layout
 from tilus.utils import cdiv
 
+import support
 from pipeline import Pipeline
-from schedulers import MAX_SHARERS, StreamKTileScheduler, launch_blocks
-from support import scaled
-from tcgen05_fences import after_thread_sync, before_thread_sync
-from wgmma_fresh import mma_fresh
-
-# columns of an operand's TMA box: 128 B of fp8, the widest the 128-byte swizzle takes, and
-# the length of a block-wise scale's K block
-BOX_K = 128
+from schedulers import PersistentTileScheduler, persistent_blocks
 
 
-# v6's Blackwell kernel and tiles in bytes (tcgen05.mma kind::f8f6f4 takes e4m3 K-major, K 32 a
-# step): a K block of 128 fp8 columns is one box, as 64 fp16 columns were, and the decode
-# tiles take 256 columns, two boxes. Per-tensor and row-wise: the scales multiply each TMEM
-# slice in the epilogue.
-@tilus.autotune("block_m, block_n, block_k, e_block_n, stages, swap_ab", [
-    [128, 64, 128, 32, 4, False], [128, 128, 128, 32, 4, False], [128, 256, 128, 32, 4, False],
-    [128, 16, 256, 16, 6, True], [128, 64, 256, 32, 4, True],
-])
-@tilus.autotune("group_m", [8])
-@tilus.autotune("stream_k", [False, True])
-class BlackwellMatmulV7(tilus.Script):
-    warps = 4  # 128 threads: one per TMEM lane (row) for the epilogue
-
-    def __init__(
-        self,
-        block_m: int,
-        block_n: int,
-        block_k: int,
-        e_block_n: int,
-        stages: int,
-        group_m: int,
-        swap_ab: bool,
-        stream_k: bool,
-        out_dtype: DataType = bfloat16,
-    ):
-        super().__init__()
-        self.dtype = float8_e4m3  # A and B
-        self.out_dtype = out_dtype  # C: bfloat16 or float16
-        self.block_m = block_m
-        self.block_n = block_n
-        self.block_k = block_k
-        self.e_block_n = e_block_n
-        self.stages = stages
-        self.group_m = group_m
-        self.swap_ab = swap_ab
-        self.stream_k = stream_k
-        self.k_boxes = block_k // BOX_K  # TMA boxes per operand per slot, as on Hopper
-        if swap_ab:
-            self.store_slice = self.store_slice_transposed
-
-    def __call__(
-        self,
-        m_size: int32,
-        n_size: int32,
-        k_size: int32,
-        a_ptr: void_p,
-        b_ptr: void_p,
-        c_ptr: void_p,
-        num_sms: int32,
-        flags_ptr: void_p,
-        partials_ptr: void_p,
-        sa_ptr: void_p,
-        sb_ptr: void_p,
-        sa_stride_0: int32,
-        sa_stride_1: int32,
-        sb_stride_0: int32,
-        sb_stride_1: int32,
-    ):
-        # 2. operands: global views (with swap_ab C^T = B A^T, as on Hopper), shared tiles, the
-        # accumulator; the stream-K workspace (a ready flag and a partial tile per CTA)
-        num_m, num_n = self.operands(m_size, n_size, k_size, a_ptr, b_ptr, c_ptr, num_sms, flags_ptr, partials_ptr,
-                                     sa_ptr, sa_stride_0, sa_stride_1, sb_ptr, sb_stride_0, sb_stride_1)
-
-        # 3. barriers
-        self.pipe = Pipeline(self.stages, consumer_arrivals=1)  # the tensor core arrives once per slot
-        self.flush_barrier = self.mbarrier.alloc(counts=[1])
-        self.sync()
-        self.pipe.producer_start()
-        self.pipe.consumer_start()
-        flush_phase: uint32 = 0
-        # 1. this block's pieces of work: whole tiles, then a stream-K range of K blocks
-        self.scheduler = StreamKTileScheduler(
-            num_m, num_n, num_m * num_n, cdiv(k_size, self.block_k), self.group_m, 1, 0, self.stream_k
-        )
-        for item in self.scheduler.items():
-            tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
-
-            # 4. the K loop, one per role; the ring's cursors run on from piece to piece
-            with self.thread_group(thread_begin=0, num_threads=32):  # producer: the TMA warp
-                self.producer(tile_m, tile_n, k_begin, k_end)
-            with self.thread_group(thread_begin=32, num_threads=32):  # consumer: the MMA warp
-                self.mma(k_begin, k_end)
-                self.mbarrier.wait(self.flush_barrier, phase=flush_phase)  # every MMA has finished: TMEM holds the piece
-            flush_phase ^= 1
-            self.sync()  # all four warps end the piece: the producer loads the next one only after
-            after_thread_sync()  # the MMAs (the flush wait, then this sync) before any warp reads TMEM
-
-            # 5. the piece's end: a partial to the workspace, or the tile (with the partials added) to C
-            if self.stream_k:
-                self.end_piece(tile_m, tile_n, k_begin, k_end)
-            else:
-                self.epilogue(tile_m, tile_n)
-
-        after_thread_sync()  # every warp's reads of TMEM before it is freed
-        self.tcgen05.dealloc(self.t_acc)
-
-    def operands(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p, c_ptr: void_p,
-                 num_sms: int32, flags_ptr: void_p, partials_ptr: void_p, sa_ptr: void_p, sa_0: int32, sa_1: int32,
-                 sb_ptr: void_p, sb_0: int32, sb_1: int32):
-        """Global views, shared tiles and the TMEM sum, for both Blackwell kernels; returns the tile grid's size."""
-        self.g_c = self.global_view(c_ptr, dtype=self.out_dtype, shape=[m_size, n_size])
-        swapped, plain = (b_ptr, a_ptr, n_size, m_size), (a_ptr, b_ptr, m_size, n_size)
-        ptr_a, ptr_b, rows_a, rows_b = swapped if self.swap_ab else plain
-        self.g_a = self.global_view(ptr_a, dtype=self.dtype, shape=[rows_a, k_size])
-        self.g_b = self.global_view(ptr_b, dtype=self.dtype, shape=[rows_b, k_size])
-        # the scales of the kernel's rows (A's) and columns (B's): swap_ab swaps them too
-        scale_a, scale_b = (sa_ptr, sa_0, sa_1), (sb_ptr, sb_0, sb_1)
-        rows, cols = (scale_b, scale_a) if self.swap_ab else (scale_a, scale_b)
-        self.scale_views(*rows, *cols, rows_a, rows_b, cdiv(k_size, BOX_K))
-        num_m = cdiv(rows_a, self.block_m)
-        num_n = cdiv(rows_b, self.block_n)
-        self.attrs.blocks = launch_blocks(num_m * num_n, num_sms, 1, self.stream_k)
-        self.attrs.warps = self.warps
-        self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms])
-        self.g_partials = self.global_view(partials_ptr, dtype=float32, shape=[num_sms * self.block_m, self.block_n])
-        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_m, BOX_K])
-        self.s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.k_boxes, self.block_n, BOX_K])
-        if not self.swap_ab:  # the transposed tile goes straight from registers to C
-            self.s_c = self.shared_tensor(dtype=self.out_dtype, shape=[self.block_m, self.e_block_n])
-        self.t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
-        return num_m, num_n
-
-    def producer(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """The TMA warp: K blocks k_begin to k_end of the tile into the ring, the last one partial if K ends in it."""
-        for k_block in self.range(k_begin, k_end, 1):
-            offset_k = k_block * self.block_k
-            self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
-            for box in range(self.k_boxes):
-                self.tma.global_to_shared(
-                    src=self.g_a,
-                    dst=self.s_a[self.pipe.producer_stage, box],
-                    offsets=[self.block_m * tile_m, offset_k + box * BOX_K],
-                    mbarrier=self.pipe.producer_barrier(),
-                )
-                self.tma.global_to_shared(
-                    src=self.g_b,
-                    dst=self.s_b[self.pipe.producer_stage, box],
-                    offsets=[self.block_n * tile_n, offset_k + box * BOX_K],
-                    mbarrier=self.pipe.producer_barrier(),
-                )
-            self.pipe.producer_advance()
-
-    def mma(self, k_begin: int32, k_end: int32):
-        """The MMA warp, the ring's consumer: one tcgen05.mma per K block into TMEM, none waited for."""
-        after_thread_sync()  # the last tile's reads of TMEM (before a block sync) before this tile overwrites it
-        for k_block in self.range(k_begin, k_end, 1):
-            self.pipe.consumer_acquire()
-            for box in range(self.k_boxes):
-                # the piece's first MMA overwrites TMEM, which holds the last piece
-                self.tcgen05.mma(
-                    self.s_a[self.pipe.consumer_stage, box],
-                    self.s_b[self.pipe.consumer_stage, box].transpose(),
-                    self.t_acc,
-                    enable_input_d=k_block != k_begin or box > 0,
-                )
-            # no wait: the hardware arrives on the slot's empty barrier once this MMA has finished
-            self.pipe.consumer_release_async()
-            self.pipe.consumer_advance()
-
-        # flush barrier: one more commit tracks every MMA issued above
-        self.tcgen05.commit(mbarrier=self.flush_barrier)
-
-    def load_slice(self, e_offset_n: int32):
-        """e_block_n columns of the accumulator, TMEM -> registers."""
-        t_acc_slice = self.tcgen05.slice(
-            self.t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]
-        )
-        r_acc = self.tcgen05.load(t_acc_slice)
-        self.tcgen05.wait_load()
-        before_thread_sync()  # these reads of TMEM happen before the next thread sync
-        return r_acc
-
-    def scale_views(self, ptr_a: void_p, a_0: int32, a_1: int32, ptr_b: void_p, b_0: int32, b_1: int32,
-                    rows_a: int32, rows_b: int32, k_blocks: int32):
-        """A scale per row of the kernel's A and per row of its B (its C's columns); a per-tensor scale is a
-        row-wise one whose stride is 0."""
-        self.g_scale_rows = self.global_view(ptr_a, dtype=float32, shape=[rows_a, 1], strides=[a_0, 1])
-        self.g_scale_cols = self.global_view(ptr_b, dtype=float32, shape=[1, rows_b], strides=[1, b_0])
-
-    def scaled(self, r_acc: RegisterTensor, tile_m: int32, tile_n: int32, e_offset_n: int32) -> RegisterTensor:
-        """A slice's fp32 sums times the outer product of its rows' and its columns' scales, in C's dtype."""
-        rows = self.load_global(self.g_scale_rows, offsets=[self.block_m * tile_m, 0], shape=[self.block_m, 1])
-        cols = self.load_global(self.g_scale_cols, offsets=[0, self.block_n * tile_n + e_offset_n],
-                                shape=[1, self.e_block_n])
-        return (r_acc * rows * cols).to(self.out_dtype)
-
-    def epilogue(self, tile_m: int32, tile_n: int32):
-        """TMEM -> registers, scaled -> shared -> global (TMA), e_block_n columns at a time, by all 4 warps."""
-        for e_offset_n in range(0, self.block_n, self.e_block_n):
-            self.store_slice(self.scaled(self.load_slice(e_offset_n), tile_m, tile_n, e_offset_n), tile_m, tile_n,
-                             e_offset_n)
-
-    def end_piece(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """A stream-K piece's end, as on Hopper: its sum to the workspace, or the tile with the sharers' sums to C."""
-        if k_end < self.scheduler.k_blocks:
-            for e_offset_n in range(0, self.block_n, self.e_block_n):
-                self.store_global(self.g_partials, self.load_slice(e_offset_n),
-                                  offsets=[self.blockIdx.x * self.block_m, e_offset_n])
-            self.sync()  # every thread's stores happen before the release below
-            self.release_semaphore(self.g_flags[self.blockIdx.x].item_ptr(), 1)
-        else:
-            first = self.scheduler.first_sharer()
-            if k_begin > 0:
-                self.wait_for_sharers(first)
-            for e_offset_n in range(0, self.block_n, self.e_block_n):
-                r_acc = self.load_slice(e_offset_n)
-                if k_begin > 0:
-                    self.add_partials(r_acc, first, e_offset_n)
-                self.store_slice(self.scaled(r_acc, tile_m, tile_n, e_offset_n), tile_m, tile_n, e_offset_n)
-            if k_begin > 0:
-                self.reset_flags(first)
-
-    def wait_for_sharers(self, first: int32):
-        """The owner's fix-up, 1: wait until every lower sharer of the tile has left its sum."""
-        for sharer in range(MAX_SHARERS):
-            if first + sharer < self.scheduler.worker:
-                self.lock_semaphore(self.g_flags[first + sharer].item_ptr(), 1)
-
-    def add_partials(self, r_acc: RegisterTensor, first: int32, e_offset_n: int32):
-        """2: add their sums of these columns, lowest worker first (a fixed order: the same bits every run)."""
-        for sharer in range(MAX_SHARERS):
-            if first + sharer < self.scheduler.worker:
-                partial = self.load_global(self.g_partials, offsets=[(first + sharer) * self.block_m, e_offset_n],
-                                           shape=[self.block_m, self.e_block_n])
-                self.add(r_acc, partial, out=r_acc)
-
-    def reset_flags(self, first: int32):
-        """3: their flags back to 0 for the next launch."""
-        for sharer in range(MAX_SHARERS):
-            if first + sharer < self.scheduler.worker:
-                self.release_semaphore(self.g_flags[first + sharer].item_ptr(), 0)
-
-    def store_slice(self, r_c: RegisterTensor, tile_m: int32, tile_n: int32, e_offset_n: int32):
-        """e_block_n columns of the tile to C through s_c and one TMA store."""
-        self.store_shared(self.s_c, r_c)
-        self.write_s_c(self.block_m * tile_m, self.block_n * tile_n + e_offset_n)
-
-    def store_slice_transposed(self, r_c: RegisterTensor, tile_m: int32, tile_n: int32, e_offset_n: int32):
-        """swap_ab: the slice is e_block_n rows of C (the caller's M) by block_m columns (TMEM's
-        lanes are C's columns), stored from registers straight to C; the warps of one row of C
-        write adjacent columns."""
-        offsets = [self.block_n * tile_n + e_offset_n, self.block_m * tile_m]
-        self.store_global(self.g_c, self.transpose(r_c), offsets=offsets)  # masked at M and N
-        self.sync()  # every warp has read TMEM before the next piece's MMAs overwrite it
-
-    def write_s_c(self, offset_m: int32, offset_n: int32):
-        """s_c to C at (offset_m, offset_n) by one TMA store, from one warp; s_c may be rewritten after."""
-        # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
-        self.fence.proxy_async(space="shared")
-        self.sync()
-        with self.single_warp():
-            self.tma.shared_to_global(self.s_c, self.g_c, offsets=[offset_m, offset_n], dims=[0, 1])
-            self.tma.commit_group()
-            self.tma.wait_group(n=0, read=True)  # s_c is rewritten next iteration
-        self.sync()
-
-
-# The block-wise kernel (3. above) on Blackwell: the accumulator stays in TMEM, so the
-# promotion is a ring of two TMEM partials between the MMA warp and four promoting warps.
-# Each K block's MMAs write a fresh partial (the ring's producer: tcgen05.commit marks it
-# full); warps 4-7, one per 32 lanes, scale it and add it into the running sum in TMEM
-# (the consumer), then do the piece's end, while the MMA warp fills the other partial.
-# K blocks of 128 columns, one scale block a slot; 128 x 128 at most, as on Hopper (the
-# tile's columns in one of B's 128-row scale blocks); TMEM: the sum and two partials,
-# 3 x 128 of the SM's 512 columns.
-@tilus.autotune("block_m, block_n, block_k, e_block_n, stages, swap_ab", [
-    [128, 64, 128, 32, 4, False], [128, 128, 128, 32, 4, False],
-    [128, 16, 128, 16, 12, True], [128, 64, 128, 32, 8, True],
-])
-@tilus.autotune("group_m", [8])
-@tilus.autotune("stream_k", [False, True])
-class BlackwellMatmulV7Blockwise(BlackwellMatmulV7):
-    _autotune_space = {}  # its own space, not added to BlackwellMatmulV7's
-    warps = 8  # the TMA warp, the MMA warp, two idle, and warps 4-7: one per 32 TMEM lanes
-
-    def __call__(
-        self,
-        m_size: int32,
-        n_size: int32,
-        k_size: int32,
-        a_ptr: void_p,
-        b_ptr: void_p,
-        c_ptr: void_p,
-        num_sms: int32,
-        flags_ptr: void_p,
-        partials_ptr: void_p,
-        sa_ptr: void_p,
-        sb_ptr: void_p,
-        sa_stride_0: int32,
-        sa_stride_1: int32,
-        sb_stride_0: int32,
-        sb_stride_1: int32,
-    ):
-        # 2. operands, as in the per-tensor kernel; TMEM: the running sum and the partials' ring
-        num_m, num_n = self.operands(m_size, n_size, k_size, a_ptr, b_ptr, c_ptr, num_sms, flags_ptr, partials_ptr,
-                                     sa_ptr, sa_stride_0, sa_stride_1, sb_ptr, sb_stride_0, sb_stride_1)
-        self.t_partials = self.tcgen05.alloc(dtype=float32, shape=[2, self.block_m, self.block_n])
-
-        # 3. barriers: the shared-memory ring, and the partials' ring (full: a tcgen05.commit;
-        # empty: every promoting thread has read the partial)
-        self.pipe = Pipeline(self.stages, consumer_arrivals=1)
-        self.partials = Pipeline(2, consumer_arrivals=128)
-        self.sync()
-        self.scheduler = StreamKTileScheduler(
-            num_m, num_n, num_m * num_n, cdiv(k_size, self.block_k), self.group_m, 1, 0, self.stream_k
-        )
-
-        # 4. each role loops over this block's pieces on its own; the rings' cursors run on
-        with self.thread_group(thread_begin=0, num_threads=32):  # the TMA warp
-            self.pipe.producer_start()
-            for item in self.scheduler.items():
-                tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
-                self.producer(tile_m, tile_n, k_begin, k_end)
-        with self.thread_group(thread_begin=32, num_threads=32):  # the MMA warp
-            self.pipe.consumer_start()
-            self.partials.producer_start()
-            for item in self.scheduler.items():
-                tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
-                self.mma_partials(k_begin, k_end)
-        with self.thread_group(thread_begin=128, num_threads=128):  # the promoting warps
-            self.partials.consumer_start()
-            for item in self.scheduler.items():
-                tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
-                self.promote(tile_m, tile_n, k_begin, k_end)
-                # 5. the piece's end, from the running sum, as in the per-tensor kernel
-                if self.stream_k:
-                    self.end_piece(tile_m, tile_n, k_begin, k_end)
-                else:
-                    self.epilogue(tile_m, tile_n)
-
-        self.sync()
-        after_thread_sync()  # every warp's reads of TMEM before it is freed
-        self.tcgen05.dealloc(self.t_acc)
-        self.tcgen05.dealloc(self.t_partials)
-
-    def scale_views(self, ptr_a: void_p, a_0: int32, a_1: int32, ptr_b: void_p, b_0: int32, b_1: int32,
-                    rows_a: int32, rows_b: int32, k_blocks: int32):
-        """As on Hopper: a (row, K block) scale per activation row, a (128 rows, K block) one per weight block;
-        with swap_ab the weights are the kernel's rows and the activations' scales are read as K blocks x rows."""
-        if self.swap_ab:
-            self.g_scale_rows = self.global_view(ptr_a, dtype=float32, shape=[cdiv(rows_a, 128), k_blocks],
-                                                 strides=[a_0, a_1])
-            self.g_scale_cols = self.global_view(ptr_b, dtype=float32, shape=[k_blocks, rows_b], strides=[b_1, b_0])
-        else:
-            self.g_scale_rows = self.global_view(ptr_a, dtype=float32, shape=[rows_a, k_blocks], strides=[a_0, a_1])
-            self.g_scale_cols = self.global_view(ptr_b, dtype=float32, shape=[cdiv(rows_b, 128), k_blocks],
-                                                 strides=[b_0, b_1])
-
-    def mma_partials(self, k_begin: int32, k_end: int32):
-        """The MMA warp: each K block into a free partial, which is full once its MMAs finish; none waited for."""
-        for k_block in self.range(k_begin, k_end, 1):
-            self.pipe.consumer_acquire()
-            self.partials.producer_wait()
-            after_thread_sync()  # the promoters' reads of this partial (then their arrivals) before it is overwritten
-            for box in range(self.k_boxes):
-                self.tcgen05.mma(
-                    self.s_a[self.pipe.consumer_stage, box],
-                    self.s_b[self.pipe.consumer_stage, box].transpose(),
-                    self.t_partials[self.partials.producer_stage],
-                    enable_input_d=box > 0,  # a fresh partial each K block
-                )
-            self.pipe.consumer_release_async()
-            self.partials.producer_commit_async()
-            self.pipe.consumer_advance()
-            self.partials.producer_advance()
-
-    def promote(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """Warps 4-7: each K block's partial, times its scales, into the running sum t_acc (the first one sets it)."""
-        for k_block in self.range(k_begin, k_end, 1):
-            self.partials.consumer_acquire()
-            after_thread_sync()  # the MMAs (committed, then waited for) before these reads
-            t_partial = self.t_partials[self.partials.consumer_stage]
-            for e_offset_n in range(0, self.block_n, self.e_block_n):
-                partial = self.tcgen05.load(self.tcgen05.slice(
-                    t_partial, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n], dims=[0, 1]))
-                self.tcgen05.wait_load()
-                rows, cols = self.block_scales(tile_m, tile_n, k_block, e_offset_n)
-                t_sum = self.tcgen05.slice(self.t_acc, offsets=[0, e_offset_n], shape=[self.block_m, self.e_block_n],
-                                           dims=[0, 1])
-                scales = rows * cols  # a row's or a column's: then one FFMA an element
-                if k_block > k_begin:
-                    running = self.tcgen05.load(t_sum)
-                    self.tcgen05.wait_load()
-                    self.tcgen05.store(t_sum, running + partial * scales)
-                else:
-                    self.tcgen05.store(t_sum, partial * scales)
-            self.tcgen05.wait_store()  # the sum is written before the next K block (or the epilogue) reads it
-            before_thread_sync()  # these reads of the partial before the arrivals that free it
-            self.partials.consumer_release()
-            self.partials.consumer_advance()
-
-    def block_scales(self, tile_m: int32, tile_n: int32, k_block: int32, e_offset_n: int32):
-        """K block k_block's scales for the tile's rows and for e_block_n of its columns (one of them a 1 x 1)."""
-        row = self.block_m * tile_m
-        col = self.block_n * tile_n + e_offset_n
-        if self.swap_ab:
-            rows = self.load_global(self.g_scale_rows, offsets=[row // 128, k_block], shape=[1, 1])
-            cols = self.load_global(self.g_scale_cols, offsets=[k_block, col], shape=[1, self.e_block_n])
-        else:
-            rows = self.load_global(self.g_scale_rows, offsets=[row, k_block], shape=[self.block_m, 1])
-            cols = self.load_global(self.g_scale_cols, offsets=[col // 128, k_block], shape=[1, 1])
-        return rows, cols
-
-    def scaled(self, r_acc: RegisterTensor, tile_m: int32, tile_n: int32, e_offset_n: int32) -> RegisterTensor:
-        return r_acc.to(self.out_dtype)  # scaled K block by K block already
-
-
-# v6's tiles and rings in bytes: a K block of 128 fp8 columns is 128 B a row, one box under
-# the 128-byte swizzle, as 64 fp16 columns were, so every slot and ring keeps v6's size
-# (128 x 256: 4 x (16 + 32) KiB + two 16 KiB output rings); the decode tiles take 256 columns,
-# two boxes, as v6's took 128. stream_k and swap_ab as in v6, the tuner picks. 128 x 64
-# for the skinny shapes: at M = 128, N = 8192, 128 such tiles are one wave of 132 SMs.
-@tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
-    [128, 256, 128, 4, 1, False, False], [128, 256, 128, 4, 2, False, False],
-    [128, 256, 128, 4, 2, False, True],
-    [128, 128, 128, 6, 1, False, False], [128, 128, 128, 6, 2, False, False],
-    [128, 128, 128, 6, 1, False, True], [128, 128, 128, 6, 2, False, True],
-    [128, 64, 128, 8, 1, False, False], [128, 64, 128, 8, 1, False, True],
-    [128, 16, 256, 6, 1, True, False], [128, 16, 256, 6, 1, True, True],
-    [64, 16, 256, 10, 1, True, False], [64, 16, 256, 10, 1, True, True],
-    [64, 64, 256, 6, 1, True, False], [64, 64, 256, 6, 1, True, True],
-])
-@tilus.autotune("group_m", [8])
+# v6's tiles and group sizes; cluster_m: 1 or 2 CTAs stacked in M sharing B. Clusters pay
+# where B traffic dominates (8192^3) and may cost where every tile fits in one wave
+# (2048 x 2048 x 8192: 16 x 8 = 128 tiles of 128 x 256, 64 units in clusters of 2), so the
+# tuner picks per shape.
+@tilus.autotune("block_m, block_n, stages", [[128, 256, 4], [128, 224, 4], [128, 128, 6], [128, 128, 4], [128, 64, 8]])
+@tilus.autotune("block_k", [64])
+@tilus.autotune("group_m", [8, 16, 32])
+@tilus.autotune("cluster_m", [1, 2])
 class HopperMatmulV7(tilus.Script):
-    promotes = False  # the block-wise kernel's promotion, below
     def __init__(
         self,
         block_m: int,
@@ -492,50 +41,21 @@ class HopperMatmulV7(tilus.Script):
         stages: int,
         group_m: int,
         cluster_m: int,
-        swap_ab: bool,
-        stream_k: bool,
-        out_dtype: DataType = bfloat16,
+        dtype: DataType = float16,
     ):
         super().__init__()
-        self.dtype = float8_e4m3  # A and B
-        self.out_dtype = out_dtype  # C: bfloat16 or float16
+        self.dtype = dtype  # float16 or bfloat16: A, B and C
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
         self.stages = stages
         self.group_m = group_m
         self.cluster_m = cluster_m
-        self.swap_ab = swap_ab
-        self.stream_k = stream_k
-        # a consumer warpgroup per 64 rows (wgmma's M): two for v5's 128-row tiles, one for a 64-row one (6.),
-        # three for the block-wise 192-row tiles (3. above)
-        self.consumers = block_m // 64
-        # the stream-K workspace's slots a CTA, one per consumer warpgroup (two where there is one, as in v6)
-        self.slots = max(self.consumers, 2)
-        self.consumer_m = 64  # rows of the tile each consumer warpgroup owns
-        # 128 x 256 stream-K: the owner starts from its one sharer's sum (v6's 7.). A tile of two or
-        # three consumers splits the registers (setmaxnreg) where they need more than the 168 a
-        # thread that 9 warps on 4 schedulers leave: the scales' product beside a 64 x 256 sum, or
-        # the block-wise running sum beside a K block's partial. Of an SM's 65,536 registers the
-        # producer warpgroup keeps 40 a thread and gives the rest to the consumers: 232 each for
-        # two, 152 for three (128 x (40 + 3 x 152) = 63,488); setmaxnreg.inc takes only what the
-        # dec gave back, so three consumers split too
-        self.owner_starts_from_partial = stream_k and block_n > 128
-        self.register_split = block_n > 128 or (self.promotes and self.consumers >= 2)
-        self.consumer_registers = 232 if self.consumers <= 2 else 152
-        self.k_boxes = block_k // BOX_K  # TMA boxes per operand per slot
+        self.consumer_m = block_m // 2  # rows of the tile each consumer warpgroup owns
+        # the output tile's TMA boxes: 64 columns (128 bytes) where they divide the tile, else 32
+        self.box_n = 64 if block_n % 64 == 0 else 32
         # a CTA's loads of B go to every CTA of its cluster
         self.multicast_mask = (1 << cluster_m) - 1 if cluster_m > 1 else None
-        # the output goes out in 64-column boxes (a swap_ab tile is one box of C^T's). Tiles of
-        # several boxes, per-tensor and row-wise, give each consumer a ring of two (4. above); the
-        # others' consumers take turns with one tile, as in v4: a one-box tile has no next box to
-        # overlap, and the block-wise consumers measured slower with a ring each
-        self.boxes = 1 if swap_ab else block_n // 64
-        self.takes_turns = self.promotes or self.boxes == 1
-        if swap_ab:
-            self.epilogue = self.epilogue_transposed
-            if self.promotes:
-                self.mma = self.mma_slot_in_flight  # block-wise decode: a slot's two K blocks at once
 
     def __call__(
         self,
@@ -546,57 +66,32 @@ class HopperMatmulV7(tilus.Script):
         b_ptr: void_p,
         c_ptr: void_p,
         num_sms: int32,
-        flags_ptr: void_p,
-        partials_ptr: void_p,
-        sa_ptr: void_p,
-        sb_ptr: void_p,
-        sa_stride_0: int32,
-        sa_stride_1: int32,
-        sb_stride_0: int32,
-        sb_stride_1: int32,
     ):
-        # 2. operands. With swap_ab the kernel computes C^T = B A^T: its A is the caller's B and
-        # its M the caller's N; only the epilogue, which stores the tile transposed, knows
-        self.g_c = self.global_view(c_ptr, dtype=self.out_dtype, shape=[m_size, n_size])
-        swapped, plain = (b_ptr, a_ptr, n_size, m_size), (a_ptr, b_ptr, m_size, n_size)
-        ptr_a, ptr_b, rows_a, rows_b = swapped if self.swap_ab else plain
-        self.g_a = self.global_view(ptr_a, dtype=self.dtype, shape=[rows_a, k_size])
-        self.g_b = self.global_view(ptr_b, dtype=self.dtype, shape=[rows_b, k_size])
-        # the scales, in the kernel's rows (A's) and columns (B's): swap_ab swaps them too
-        if self.swap_ab:
-            self.scale_views(sb_ptr, sb_stride_0, sb_stride_1, sa_ptr, sa_stride_0, sa_stride_1, rows_a, rows_b,
-                             cdiv(k_size, BOX_K))
-        else:
-            self.scale_views(sa_ptr, sa_stride_0, sa_stride_1, sb_ptr, sb_stride_0, sb_stride_1, rows_a, rows_b,
-                             cdiv(k_size, BOX_K))
-        num_m = cdiv(rows_a, self.block_m)
-        num_n = cdiv(rows_b, self.block_n)
+        num_m = cdiv(m_size, self.block_m)
+        num_n = cdiv(n_size, self.block_n)
         # a unit of work: cluster_m tiles stacked in M, one per CTA of a cluster, sharing B
         num_units_m = cdiv(num_m, self.cluster_m)
         num_units = num_units_m * num_n
-        self.attrs.blocks = launch_blocks(num_units, num_sms, self.cluster_m, self.stream_k)
+        self.attrs.blocks = persistent_blocks(num_units, num_sms, self.cluster_m)
         self.attrs.cluster_blocks = self.cluster_m
-        self.attrs.warps = 4 * self.consumers + (4 if self.register_split else 1)
-        # the stream-K workspace: a ready flag and a partial tile per (CTA, consumer warpgroup)
-        self.g_flags = self.global_view(flags_ptr, dtype=int32, shape=[num_sms * self.slots])
-        self.g_partials = self.global_view(
-            partials_ptr, dtype=float32, shape=[num_sms * self.slots * self.consumer_m, self.block_n]
-        )
-        # a slot is k_boxes boxes of BOX_K columns side by side (1. above); in each, A holds one
-        # part per consumer, and every consumer reads the whole of B
-        self.s_a = self.shared_tensor(
-            dtype=self.dtype, shape=[self.stages, self.k_boxes, self.consumers, self.consumer_m, BOX_K]
-        )
+        self.attrs.warps = 9  # two consumer warpgroups, then the producer warp
+
+        # 2. operands: global views, shared tiles (each consumer holds its own accumulator)
+        self.g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size])
+        self.g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size])
+        self.g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size])
+        # A's slot holds one half per consumer; both consumers read the whole B slot
+        self.s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.consumer_m, self.block_k])
         # B's slot in cluster_m parts: each CTA of the cluster loads one part into every CTA
         self.s_b = self.shared_tensor(
-            dtype=self.dtype, shape=[self.stages, self.k_boxes, self.cluster_m, self.block_n // self.cluster_m, BOX_K]
+            dtype=self.dtype, shape=[self.stages, self.cluster_m, self.block_n // self.cluster_m, self.block_k]
         )
-        self.s_c = self.output_rings()
+        # one output tile for both consumers, in turn, as in v4
+        self.s_c = self.output_tile()
 
-        # 3. barriers: a slot is free once every consumer warpgroup of every CTA that reads it lets go
-        self.pipe = Pipeline(self.stages, consumer_arrivals=self.consumers * self.cluster_m)
-        if self.takes_turns:
-            self.s_c_free = self.mbarrier.alloc(counts=[1] * self.consumers)  # s_c is free for warpgroup 0 (, 1, 2)
+        # 3. barriers: a slot is free once both consumer warpgroups of every CTA that reads it let go
+        self.pipe = Pipeline(self.stages, consumer_arrivals=2 * self.cluster_m)
+        self.s_c_free = self.mbarrier.alloc(counts=[1, 1])  # s_c is free for warpgroup 0, 1
         if self.cluster_m > 1:
             self.cluster.sync()  # a peer may signal our barriers only once they are initialised
             rank: int32 = self.cluster.blockRank
@@ -604,461 +99,142 @@ class HopperMatmulV7(tilus.Script):
             self.sync()
             rank: int32 = 0
         self.rank = rank  # this CTA's place in its cluster
-        # 1. this block's (this cluster's) pieces of work: whole tiles, then a stream-K range of K blocks
-        self.scheduler = StreamKTileScheduler(
-            num_units_m, num_n, num_units, cdiv(k_size, self.block_k), self.group_m, self.cluster_m, rank,
-            self.stream_k, 1 if self.owner_starts_from_partial else MAX_SHARERS,
-        )
+        # every tile takes whole trips round the ring (TMA fills the steps past K with zeros),
+        # so each tile starts at slot 0 and the unrolled loops index slots by constants
+        k_trips = cdiv(k_size, self.block_k * self.stages) * (self.block_k * self.stages)
+        # 1. the units of work of this block (this cluster): every unit_step-th, in grouped order
+        self.scheduler = PersistentTileScheduler(num_units_m, num_n, num_units, self.group_m, self.cluster_m, rank)
 
-        # 4. the K loop of every piece, one per role: the producer, each consumer
-        self.producer()
-        self.consumer(0)
-        if self.consumers >= 2:
-            self.consumer(1)
-        if self.consumers == 3:
-            self.consumer(2)
+        # 4. the K loop of every tile, one per role: the producer, each consumer
+        self.producer(k_trips)
+        self.consumer(0, k_trips)
+        self.consumer(1, k_trips)
 
         if self.cluster_m > 1:
             self.cluster.sync()  # stay until the peer has stopped writing into our slots and barriers
 
-    def output_rings(self):
-        """A ring of two output boxes a consumer, or one tile (one or two boxes) the consumers share,
-        each box 64 columns of 128 B rows under TMA's 128-byte swizzle: a TMA store a box."""
-        rows = self.block_n if self.swap_ab else self.consumer_m
-        shape = [1 if self.takes_turns else self.consumers, min(self.boxes, 2), rows, 64]
-        s_c = self.shared_tensor(dtype=self.out_dtype, shape=shape)
-        # row r's 16-byte chunk c sits at chunk c ^ (r % 8): the 8 rows an stmatrix writes hit 8 bank groups
+    def output_tile(self):
+        """s_c in 64-column boxes, each with TMA's 128-byte swizzle: no bank conflicts, a TMA store per box."""
+        # row r's 16-byte chunk c sits at chunk c ^ (r % 8), so the 8 rows an stmatrix writes
+        # hit 8 different bank groups; a 32-column box (64-byte rows, two to a bank line)
+        # takes TMA's 64-byte swizzle, chunk c ^ (r // 2 % 4), conflict free as well
+        boxes, box_n = self.block_n // self.box_n, self.box_n
+        swizzle = Swizzle(base=3, bits=3, shift=3) if box_n == 64 else Swizzle(base=3, bits=2, shift=3)
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[boxes, self.consumer_m, box_n])
         self.annotate_layout(s_c, shared_layout(
-            shape=shape, mode_shape=shape, mode_strides=[2 * rows * 64, rows * 64, 64, 1],
-            optional_swizzle=Swizzle(base=3, bits=3, shift=3),
+            shape=[boxes, self.consumer_m, box_n], mode_shape=[boxes, self.consumer_m, box_n],
+            mode_strides=[self.consumer_m * box_n, box_n, 1], optional_swizzle=swizzle,
         ))
         return s_c
 
-    def producer(self):
-        """The TMA warp: every K block of every piece of this block, as far ahead as the ring allows."""
-        if self.register_split:
-            with self.thread_group(thread_begin=128 * self.consumers, num_threads=128):
-                setmaxnreg(40, "dec")  # the producer warpgroup gives registers to the consumers
-                with self.thread_group(thread_begin=0, num_threads=32):  # the TMA warp
-                    self.load_pieces()
-        else:
-            with self.thread_group(thread_begin=128 * self.consumers, num_threads=32):
-                self.load_pieces()
+    def producer(self, k_trips: int32):
+        """The TMA warp: every K step of every unit of this block, as far ahead as the ring allows."""
+        with self.thread_group(thread_begin=256, num_threads=32):  # producer: the TMA warp
+            self.pipe.producer_start()
+            self.load_units(k_trips)
 
-    def load_pieces(self):
-        self.pipe.producer_start()
-        for item in self.scheduler.items():
-            tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
-            self.load_piece(tile_m, tile_n, k_begin, k_end)
+    def load_units(self, k_trips: int32):
+        """Tile after tile with nothing in between: the next tile's loads overlap the last one's epilogue."""
+        for unit in self.scheduler.units():
+            tile_m, tile_n = self.scheduler.tile(unit)
+            self.load_tile(tile_m, tile_n, k_trips)
 
-    def load_piece(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """K blocks k_begin to k_end of a tile, a slot each.
-
-        The ring's cursor runs on from piece to piece, whatever its length: no piece is
-        padded to whole trips, and the last K block is partial where block_k does not
-        divide K (TMA fills what lies past K with zeros).
-        """
-        for k_block in self.range(k_begin, k_end, 1):
-            self.acquire_slot(tile_m, tile_n, k_block)
-            self.load_slot(tile_m, tile_n, k_block * self.block_k)
-            self.pipe.producer_advance()
-
-    def acquire_slot(self, tile_m: int32, tile_n: int32, k_block: int32):
-        """Wait until slot producer_stage is empty, then announce the bytes its loads will bring."""
-        self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
-
-    def load_slot(self, tile_m: int32, tile_n: int32, offset_k: int32):
-        """Slot producer_stage's boxes from column offset_k on: A in 64-row parts, one per consumer, then B."""
-        for box in range(self.k_boxes):
-            for part in range(self.consumers):
+    def load_tile(self, tile_m: int32, tile_n: int32, k_trips: int32):
+        """The tile's K loop, whole trips round the ring: A in two halves, one per consumer, then B."""
+        self.pipe.producer_start_trips()
+        for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
+            self.pipe.producer_acquire(transaction_bytes=self.s_a[0].nbytes + self.s_b[0].nbytes)
+            for part in range(2):
                 self.tma.global_to_shared(
                     src=self.g_a,
-                    dst=self.s_a[self.pipe.producer_stage, box, part],
-                    offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k + box * BOX_K],
+                    dst=self.s_a[self.pipe.producer_stage, part],
+                    offsets=[self.block_m * tile_m + part * self.consumer_m, offset_k],
                     mbarrier=self.pipe.producer_barrier(),
                 )
-            self.load_b(self.block_n * tile_n, offset_k + box * BOX_K, box)
+            self.load_b(self.block_n * tile_n, offset_k)
+            self.pipe.producer_advance()
 
-    def load_b(self, offset_n: int32, offset_k: int32, box: int32):
+    def load_b(self, offset_n: int32, offset_k: int32):
         """Load slot producer_stage of B: all of it alone, or this CTA's part, multicast to the cluster."""
         part_n = self.block_n // self.cluster_m
         self.tma.global_to_shared(
             src=self.g_b,
-            dst=self.s_b[self.pipe.producer_stage, box, self.rank],
+            dst=self.s_b[self.pipe.producer_stage, self.rank],
             offsets=[offset_n + self.rank * part_n, offset_k],
             mbarrier=self.pipe.producer_barrier(),
             multicast_mask=self.multicast_mask,
         )
 
-    def next_consumer(self, warpgroup: int) -> int:
-        """The warpgroup that writes s_c after this one: the next in turn, or itself when it is alone."""
-        return (warpgroup + 1) % self.consumers
-
-    def consumer(self, warpgroup: int):
-        """One consumer warpgroup: its rows of every piece, the K loop then the piece's end."""
+    def consumer(self, warpgroup: int, k_trips: int32):
+        """One consumer warpgroup: its rows of every tile, the K loop then the epilogue."""
         with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
-            if self.register_split:
-                setmaxnreg(self.consumer_registers, "inc")
             self.pipe.consumer_start()
-            c_phase: uint32 = 1 if warpgroup == 0 else 0  # where they take turns, warpgroup 0 writes s_c first
-            for item in self.scheduler.items():
-                tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
-                acc = self.mma(warpgroup, tile_m, tile_n, k_begin, k_end)
+            c_phase: uint32 = 1 - warpgroup  # warpgroup 0 writes s_c first
+            for unit in self.scheduler.units():
+                tile_m, tile_n = self.scheduler.tile(unit)
+                acc = self.mma(warpgroup, k_trips)
 
-                # 5. the piece's end
-                if self.takes_turns:
-                    self.mbarrier.wait(self.s_c_free[warpgroup], phase=c_phase)
-                    c_phase ^= 1
-                if self.stream_k:
-                    self.end_piece(warpgroup, acc, tile_m, tile_n, k_begin, k_end)
-                else:
-                    self.epilogue(warpgroup, acc, tile_m, tile_n)
-            with self.single_warp():
-                self.tma.wait_group(n=0)  # the last stores have read s_c before the block exits
+                # 5. epilogue: the two consumers take turns with s_c
+                self.mbarrier.wait(self.s_c_free[warpgroup], phase=c_phase)
+                c_phase ^= 1
+                self.epilogue(warpgroup, acc, tile_m, tile_n)
 
-    def mma(self, warpgroup: int, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """This warpgroup's rows of one piece, K blocks k_begin to k_end, into a fresh accumulator; the tile's
-        place says which scales to load."""
-        if self.owner_starts_from_partial:
-            acc = self.start_from_partial(warpgroup, k_begin, k_end)
-        else:
-            acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
-        for k_block in self.range(k_begin, k_end, 1):
+    def mma(self, warpgroup: int, k_trips: int32):
+        """This warpgroup's rows of one tile, whole trips round the ring, into a fresh accumulator."""
+        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+        self.pipe.consumer_start_trips()
+        for offset_k in self.range(0, k_trips, self.block_k, unroll=self.stages):
             self.pipe.consumer_acquire()
+            s_b_slot = self.reshape_shared(self.s_b[self.pipe.consumer_stage], [self.block_n, self.block_k])
             self.wgmma.fence()
-            for box in range(self.k_boxes):
-                s_b_slot = self.reshape_shared(self.s_b[self.pipe.consumer_stage, box], [self.block_n, BOX_K])
-                self.wgmma.mma(self.s_a[self.pipe.consumer_stage, box, warpgroup], s_b_slot.transpose(), acc)
+            self.wgmma.mma(self.s_a[self.pipe.consumer_stage, warpgroup], s_b_slot.transpose(), acc)
             self.wgmma.commit_group()
             self.wgmma.wait_group(1)  # this step may still run; the previous one has finished
-            if k_block > k_begin:
+            if offset_k > 0:
                 self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
             self.pipe.consumer_advance()
-        if not self.stream_k:
-            # the epilogue's scales in flight during the last K block's wgmmas, not after them; stream-K's
-            # owner holds a sharer's partial beside the sum, and there the scales would spill
-            self.scales = self.tile_scales(warpgroup, tile_m, tile_n)
-        # Hopper's flush: the accumulator is final only now, and the piece's last slot is free
+        # Hopper's flush: the accumulator is final only now, and the tile's last slot is free
         self.wgmma.wait_group(0)
         self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
         return acc
 
-    def end_piece(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32, k_begin: int32,
-                  k_end: int32):
-        """A stream-K piece's end: its sum to the workspace, or the tile, with its sharers' sums added, to C."""
-        if k_end < self.scheduler.k_blocks:
-            self.save_partial(warpgroup, acc)  # the tile's owner adds it
-            if self.takes_turns:
-                with self.single_thread():
-                    self.mbarrier.arrive(self.s_c_free[self.next_consumer(warpgroup)])  # s_c unused: the next one's turn
-        else:
-            if k_begin > 0 and not self.owner_starts_from_partial:
-                self.add_partials(warpgroup, acc)
-            self.epilogue(warpgroup, acc, tile_m, tile_n)
-
-    def add_partials(self, warpgroup: int, acc: RegisterTensor):
-        """The owner's fix-up: the sums of the tile's sharers (at most MAX_SHARERS), lowest worker first.
-
-        Written out for MAX_SHARERS = 2 rather than looped: here a load_global in a runtime
-        loop does not build in tilus 0.2.0 (the Blackwell kernel's loop does). The first
-        sharer always exists: a lower worker holds K block 0.
-        """
-        first = self.scheduler.first_sharer()
-        self.add_partial(warpgroup, acc, first, True)
-        if first + 1 < self.scheduler.worker:
-            self.add_partial(warpgroup, acc, first + 1, True)
-
-    def add_partial(self, warpgroup: int, acc: RegisterTensor, worker: int32, owner: boolean):
-        """Wait for a sharer's flag, add its sum to acc, and set the flag back to 0 for the next launch.
-
-        ``owner`` false (a run-time condition, start_from_partial) adds zeros instead: the
-        rows past the workspace, which load_global masks to zeros without reading.
-        """
-        slot: int32 = (worker * self.cluster_m + self.rank) * self.slots + warpgroup
-        flag: ~int32 = self.g_flags[slot].item_ptr()
-        if owner:
-            self.lock_semaphore(flag, 1)
-        row = if_then_else(owner, slot * self.consumer_m, self.g_partials.shape[0])
-        partial = self.load_global(self.g_partials, offsets=[row, 0], shape=[self.consumer_m, self.block_n])
-        self.add(acc, partial, out=acc)
-        if owner:
-            self.release_semaphore(flag, 0)
-
-    def start_from_partial(self, warpgroup: int, k_begin: int32, k_end: int32):
-        """A fresh accumulator: the sharer's sum for the owner's piece, zeros for any other piece.
-
-        Every piece loads and adds to zeros, the others from past the workspace: where the
-        accumulator was either loaded or constant zeros, ptxas serialised every wgmma of the
-        kernel (C7515), and where the load wrote it directly, too (C7514).
-        """
-        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
-        owner = k_begin > 0 and k_end == self.scheduler.k_blocks
-        self.add_partial(warpgroup, acc, self.scheduler.first_sharer(), owner)
-        return acc
-
-    def save_partial(self, warpgroup: int, acc: RegisterTensor):
-        """The piece's sum to this CTA and warpgroup's slot, then its flag (st.release: after every thread's stores)."""
-        slot: int32 = self.blockIdx.x * self.slots + warpgroup
-        flag: ~int32 = self.g_flags[slot].item_ptr()
-        self.store_global(self.g_partials, acc, offsets=[slot * self.consumer_m, 0])
-        self.sync()  # this warpgroup's named barrier: all 128 threads have stored
-        self.release_semaphore(flag, 1)
-
-    def scale_views(self, ptr_a: void_p, a_0: int32, a_1: int32, ptr_b: void_p, b_0: int32, b_1: int32,
-                    rows_a: int32, rows_b: int32, k_blocks: int32):
-        """Per-tensor and row-wise scales: a scale per row of the kernel's A and per row of its B
-        (its C's columns); a per-tensor scale is a row-wise one whose stride is 0."""
-        self.g_scale_rows = self.global_view(ptr_a, dtype=float32, shape=[rows_a, 1], strides=[a_0, 1])
-        self.g_scale_cols = self.global_view(ptr_b, dtype=float32, shape=[1, rows_b], strides=[1, b_0])
-
-    def tile_scales(self, warpgroup: int, tile_m: int32, tile_n: int32):
-        """This warpgroup's row scales and the tile's column scales."""
-        rows = self.load_global(self.g_scale_rows, offsets=[self.block_m * tile_m + warpgroup * self.consumer_m, 0],
-                                shape=[self.consumer_m, 1])
-        cols = self.load_global(self.g_scale_cols, offsets=[0, self.block_n * tile_n], shape=[1, self.block_n])
-        return rows, cols
-
-    def scaled(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32) -> RegisterTensor:
-        """The tile's fp32 sums times the outer product of its rows' and its columns' scales."""
-        rows, cols = self.tile_scales(warpgroup, tile_m, tile_n) if self.stream_k else self.scales
-        return acc * rows * cols
-
     def epilogue(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
-        """Registers -> swizzled boxes in shared memory -> global, a TMA store a box: through the warpgroup's
-        ring box by box (box b's store runs while box b + 1 is written), or, taking turns, the tile at once."""
+        """Registers -> the swizzled s_c -> global, one TMA store per box; then s_c is the other's."""
         offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
         offset_n = self.block_n * tile_n
-        c = self.scaled(warpgroup, acc, tile_m, tile_n).to(self.out_dtype)
-        if self.takes_turns:  # the tile at once: its one or two boxes seen as one consumer_m x block_n tile
-            s_c_rows = self.reshape_shared(self.s_c[0].permute([1, 0, 2]), [self.consumer_m, self.block_n])
-            self.store_shared(s_c_rows, c)
-            self.send(warpgroup, 0, self.boxes, offset_m, offset_n)
-        else:
-            # wgmma's accumulator holds its 8-column chunks in order, so each box is a run of registers
-            self.annotate_layout(c, register_layout(
-                shape=[self.consumer_m, self.block_n], mode_shape=[4, 2, 8, self.block_n // 8, 4, 2],
-                spatial_modes=[0, 2, 4], local_modes=[3, 1, 5]))
-            c_boxes = self.view(c, layout=register_layout(
-                shape=[self.boxes, self.consumer_m, 64], mode_shape=[self.boxes, 4, 2, 8, 8, 4, 2],
-                spatial_modes=[1, 3, 5], local_modes=[0, 4, 2, 6]))
-            for box in range(self.boxes):
-                self.wait_for_slot()
-                self.store_shared(self.s_c[warpgroup, box % 2], c_boxes[box])
-                self.send(warpgroup, box, 1, offset_m, offset_n)
-        self.pass_turn(warpgroup)
-
-    def epilogue_transposed(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
-        """swap_ab: the tile is C^T's, so it goes to s_c transposed (stmatrix .trans), then to C as one box."""
-        self.store_shared(self.s_c[0, 0], self.transpose(self.scaled(warpgroup, acc, tile_m, tile_n).to(self.out_dtype)))
-        self.send(warpgroup, 0, 1, self.block_n * tile_n, self.block_m * tile_m + warpgroup * self.consumer_m)
-        self.pass_turn(warpgroup)
-
-    def ring(self, warpgroup: int) -> int:
-        """Which output ring a warpgroup writes: its own, or the one all take turns with."""
-        return 0 if self.takes_turns else warpgroup
-
-    def wait_for_slot(self):
-        """A ring's next slot is free once the store that last used it, two boxes ago, has read it."""
-        with self.single_warp():
-            self.tma.wait_group(n=1, read=True)
-        self.sync()  # this warpgroup only (a named barrier)
-
-    def send(self, warpgroup: int, first: int32, count: int, offset_m: int32, offset_n: int32):
-        """Boxes first to first + count - 1 of the written ring to C from (offset_m, offset_n) on, by TMA."""
+        # the boxes seen as one consumer_m x block_n tile: the store is v4's
+        s_c_rows = self.reshape_shared(self.s_c.permute([1, 0, 2]), [self.consumer_m, self.block_n])
+        self.store_shared(s_c_rows, acc.to(self.dtype))
         # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c
         self.fence.proxy_async(space="shared")
-        self.sync()
+        self.sync()  # this warpgroup only (a named barrier)
         with self.single_warp():
-            for i in range(count):
-                box = first + i
-                self.tma.shared_to_global(self.s_c[self.ring(warpgroup), box % 2], self.g_c,
-                                          offsets=[offset_m, offset_n + box * 64], dims=[0, 1])
+            for box in range(self.block_n // self.box_n):
+                self.tma.shared_to_global(
+                    self.s_c[box], self.g_c, offsets=[offset_m, offset_n + box * self.box_n], dims=[0, 1]
+                )
             self.tma.commit_group()
-
-    def pass_turn(self, warpgroup: int):
-        """Where the consumers take turns: once the TMA engine has read s_c, it is the next one's."""
-        if self.takes_turns:
-            with self.single_warp():
-                self.tma.wait_group(n=0, read=True)
-                with self.single_thread():
-                    self.mbarrier.arrive(self.s_c_free[self.next_consumer(warpgroup)])
-
-
-# The block-wise kernel: the same tiles but the 256-wide ones (the running sum and a K block's
-# partial are 2 x 128 registers a thread at 64 x 256, more than the 232 a consumer can
-# have), and 128 x 64 for the shapes with few 128 x 128 tiles. 192 x 128: three consumer
-# warpgroups, so that two others' wgmmas run while one promotes (2 x 64 of the 152
-# registers each can have; 4 slots of 40 KiB), stream-K too (at M = N = 4096, 22 x 32 = 704 such
-# tiles are 5.33 waves of 132 SMs). A tile's columns lie in one 128-row block of B's scales
-# (block_n divides 128), a warpgroup's 64 rows in one of A's with swap_ab.
-@tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
-    [192, 128, 128, 4, 1, False, False], [192, 128, 128, 4, 2, False, False],
-    [192, 128, 128, 4, 1, False, True], [192, 128, 128, 4, 2, False, True],
-    [128, 128, 128, 6, 1, False, False], [128, 128, 128, 6, 2, False, False],
-    [128, 128, 128, 6, 1, False, True], [128, 128, 128, 6, 2, False, True],
-    [128, 64, 128, 8, 1, False, False], [128, 64, 128, 8, 1, False, True],
-    [128, 16, 256, 6, 1, True, False], [128, 16, 256, 6, 1, True, True],
-    [64, 16, 256, 10, 1, True, False], [64, 16, 256, 10, 1, True, True],
-    [64, 64, 256, 6, 1, True, False], [64, 64, 256, 6, 1, True, True],
-])
-@tilus.autotune("group_m", [8])
-class HopperMatmulV7Blockwise(HopperMatmulV7):
-    _autotune_space = {}  # its own space, not added to HopperMatmulV7's
-    promotes = True
-
-    def scale_views(self, ptr_a: void_p, a_0: int32, a_1: int32, ptr_b: void_p, b_0: int32, b_1: int32,
-                    rows_a: int32, rows_b: int32, k_blocks: int32):
-        """Activations' scales a (row, K block) each, weights' a (128 rows, K block) each: with swap_ab
-        the weights are the kernel's A, and the activations' scales are read as K blocks x rows."""
-        if self.swap_ab:
-            # the weights' scales, one a box for the tile's 128-row block, stored into the slot by the TMA
-            # warp; the activations', M-major, a TMA box of k_boxes K blocks x block_n
-            self.g_scale_rows = self.global_view(ptr_a, dtype=float32, shape=[cdiv(rows_a, 128), k_blocks],
-                                                 strides=[a_0, a_1])
-            self.g_scale_cols = self.global_view(ptr_b, dtype=float32, shape=[k_blocks, rows_b], strides=[b_1, 1])
-            self.s_scale_rows = self.shared_tensor(dtype=float32, shape=[self.stages, self.k_boxes, 32, 1, 1])
-            self.s_scale_cols = self.shared_tensor(dtype=float32, shape=[self.stages, self.k_boxes, self.block_n])
-        else:
-            # the activations' scales M-major (matmul below makes them so): a K block's block_m of them
-            # are one TMA box, loaded into the slot with its A and B; the column scale, one a K block, is
-            # stored there by the TMA warp, in 128 bytes (TMA's alignment for the boxes beside it)
-            self.g_scale_rows = self.global_view(ptr_a, dtype=float32, shape=[k_blocks, rows_a], strides=[a_1, 1])
-            self.g_scale_cols = self.global_view(ptr_b, dtype=float32, shape=[cdiv(rows_b, 128), k_blocks],
-                                                 strides=[b_0, b_1])
-            self.s_scale_rows = self.shared_tensor(dtype=float32, shape=[self.stages, 1, self.block_m])
-            self.s_scale_cols = self.shared_tensor(dtype=float32, shape=[self.stages, 32, 1, 1])
-
-    load_operands = HopperMatmulV7.load_piece  # a Script method cannot call super()
-
-    def load_piece(self, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """Each slot also brings its K blocks' scales, so a consumer reads them from shared memory, not
-        from global memory in its K loop. swap_ab tiles: v6's loads, acquire_slot (below) adding the scales.
-
-        Plain tiles, one K block a slot: the column scale is loaded a K block ahead and stored, by the
-        thread that then arrives, before the arrival that completes the slot's phase (producer_acquire's,
-        split in two): the arrival's release covers the store. (A TMA box of four column scales faulted
-        on the H100.)
-        """
-        if self.swap_ab:
-            self.load_operands(tile_m, tile_n, k_begin, k_end)
-        else:  # one K block a slot (block_k 128)
-            col_block = self.block_n * tile_n // 128
-            cols = self.load_global(self.g_scale_cols, offsets=[col_block, k_begin], shape=[1, 1])
-            for k_block in self.range(k_begin, k_end, 1):
-                self.pipe.producer_wait()
-                with self.single_thread():
-                    self.store_shared(self.s_scale_cols[self.pipe.producer_stage, 0], cols)
-                    self.mbarrier.arrive_and_expect_tx(
-                        self.pipe.producer_barrier(), self.s_a[0].nbytes + self.s_b[0].nbytes + self.s_scale_rows[0].nbytes
-                    )
-                self.load_slot(tile_m, tile_n, k_block * self.block_k)
-                self.tma.global_to_shared(src=self.g_scale_rows, dst=self.s_scale_rows[self.pipe.producer_stage],
-                                          offsets=[k_block, self.block_m * tile_m], mbarrier=self.pipe.producer_barrier())
-                cols = self.load_global(self.g_scale_cols, offsets=[col_block, k_block + 1], shape=[1, 1])
-                self.pipe.producer_advance()
-
-    def acquire_slot(self, tile_m: int32, tile_n: int32, k_block: int32):
-        """swap_ab tiles: the slot's scales with its A and B. The weights' (one a box) are stored, as the
-        plain tiles' column scale, by the thread that then arrives; the activations' come by TMA."""
-        self.pipe.producer_wait()
-        for box in range(self.k_boxes):
-            rows = self.load_global(self.g_scale_rows, offsets=[self.block_m * tile_m // 128, k_block * self.k_boxes + box],
-                                    shape=[1, 1])
+            self.tma.wait_group(n=0, read=True)  # the TMA engine has read s_c: the next writer may go
             with self.single_thread():
-                self.store_shared(self.s_scale_rows[self.pipe.producer_stage, box, 0], rows)
-        with self.single_thread():
-            self.mbarrier.arrive_and_expect_tx(
-                self.pipe.producer_barrier(), self.s_a[0].nbytes + self.s_b[0].nbytes + self.s_scale_cols[0].nbytes
-            )
-        self.tma.global_to_shared(src=self.g_scale_cols, dst=self.s_scale_cols[self.pipe.producer_stage],
-                                  offsets=[k_block * self.k_boxes, self.block_n * tile_n], mbarrier=self.pipe.producer_barrier())
+                self.release_s_c(warpgroup)
 
-    def block_scales(self, warpgroup: int, box: int32):
-        """The scales of the slot's K block ``box`` for this warpgroup's rows and the tile's columns, from the slot
-        (one of them a 1 x 1)."""
-        if self.swap_ab:
-            rows = self.load_shared(self.s_scale_rows[self.pipe.consumer_stage, box, 0])
-            cols = self.load_shared(self.reshape_shared(self.s_scale_cols[self.pipe.consumer_stage, box], [1, self.block_n]))
-            # each thread its own columns of the wgmma accumulator, in every row: a 1 x block_n load in tilus's
-            # own layout leaves threads idle, a divergent path beside the wgmma that ptxas serialises (C7520)
-            self.annotate_layout(cols, register_layout(shape=[1, self.block_n], mode_shape=[self.block_n // 8, 4, 2],
-                                                       spatial_modes=[-4, -8, 1], local_modes=[0, 2]))
-        else:  # in the slot
-            s_rows = self.reshape_shared(self.s_scale_rows[self.pipe.consumer_stage], [self.consumers, self.consumer_m, 1])
-            rows = self.load_shared(s_rows[warpgroup])
-            cols = self.load_shared(self.s_scale_cols[self.pipe.consumer_stage, 0])
-        return rows, cols
-
-    def mma(self, warpgroup: int, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """Each 128-column K block into a fresh partial, scaled and added to the running fp32 sum (the promotion)."""
-        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
-        for k_block in self.range(k_begin, k_end, 1):
-            self.pipe.consumer_acquire()
-            for box in range(self.k_boxes):
-                partial = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n])
-                self.wgmma.fence()
-                self.mma_box(warpgroup, box, partial)
-                rows, cols = self.block_scales(warpgroup, box)  # during the wgmma
-                self.wgmma.wait_group(0)  # the partial is final: meanwhile the other warpgroups' wgmmas run
-                # one FFMA an element, the row and column scales multiplied first (partial * rows * cols: 0.9x the speed)
-                self.add(acc, partial * (rows * cols), out=acc)
-            self.pipe.consumer_advance()
-            self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)  # the slot just read
-        return acc
-
-    def mma_box(self, warpgroup: int, box: int32, partial: RegisterTensor):
-        """The slot's K block ``box`` into ``partial``, one commit group: mma_fresh's first K step overwrites the
-        partial (no zeroing: wgmma_fresh.py)."""
-        s_b_box = self.reshape_shared(self.s_b[self.pipe.consumer_stage, box], [self.block_n, BOX_K])
-        mma_fresh(self.s_a[self.pipe.consumer_stage, box, warpgroup], s_b_box.transpose(), partial)
-        self.wgmma.commit_group()
-
-    def mma_slot_in_flight(self, warpgroup: int, tile_m: int32, tile_n: int32, k_begin: int32, k_end: int32):
-        """swap_ab tiles (decode): a slot's two K blocks (block_k 256) into a partial each, both in flight, each
-        promoted once its own wgmmas have finished. A 16- or 64-wide tile has registers to spare, and its one
-        warpgroup would otherwise wait on each K block in turn."""
-        acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
-        for k_block in self.range(k_begin, k_end, 1):
-            self.pipe.consumer_acquire()
-            first = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n])
-            second = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n])
-            self.wgmma.fence()
-            self.mma_box(warpgroup, 0, first)
-            self.mma_box(warpgroup, 1, second)
-            rows, cols = self.block_scales(warpgroup, 0)
-            rows_2, cols_2 = self.block_scales(warpgroup, 1)
-            self.wgmma.wait_group(1)  # the first K block's wgmmas have finished, the second's may run on
-            self.add(acc, first * (rows * cols), out=acc)
-            self.wgmma.wait_group(0)
-            self.add(acc, second * (rows_2 * cols_2), out=acc)
-            self.pipe.consumer_advance()
-            self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
-        return acc
-
-    def scaled(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32) -> RegisterTensor:
-        return acc  # scaled K block by K block already
+    def release_s_c(self, warpgroup: int):
+        """Hand s_c to the other warpgroup; this one goes on to its next tile at once."""
+        self.mbarrier.arrive(self.s_c_free[1 - warpgroup])
 
 
-KERNELS = {"blackwell": BlackwellMatmulV7, "hopper": HopperMatmulV7}
-BLOCKWISE_KERNELS = {"blackwell": BlackwellMatmulV7Blockwise, "hopper": HopperMatmulV7Blockwise}
+KERNELS = support.kernels("v7", hopper=HopperMatmulV7)
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-           out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """C = (A * scale_a) @ (B * scale_b).T for fp8 e4m3 A (M x K) and B (N x K), fp32 accumulation, C bf16 or fp16.
+def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """C = A @ B.T for A (M x K) and B (N x K) on a Hopper GPU, fp32 accumulation.
 
-    The scaling is read from the float32 scales' shapes: one value each (per-tensor);
-    scale_a M x 1 and scale_b N x 1 (row-wise); scale_a M x ceil(K / 128) and scale_b
-    ceil(N / 128) x ceil(K / 128) (block-wise, 1 x 128 and 128 x 128). ``quantize`` makes
-    them; block-wise scale_a is read M-major, as ``quantize`` returns it (other layouts are copied
-    each call). C is ``out_dtype``, or the dtype of ``out`` where one is given. Raises
-    TypeError/ValueError naming the rule for input the kernels cannot take.
+    A, B and C are all fp16 or all bf16.
+
+    Raises TypeError/ValueError naming the rule for input the kernels cannot take.
     """
-    return scaled.launch(KERNELS, BLOCKWISE_KERNELS, a, b, scale_a, scale_b, out, out_dtype)
-
-
-quantize = scaled.quantize
+    return support.launch(KERNELS, a, b, out)
 
 
 if __name__ == "__main__":
-    sys.exit(scaled.main("v7", KERNELS, BLOCKWISE_KERNELS, matmul))
+    sys.exit(support.main("v7", KERNELS, matmul))

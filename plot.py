@@ -7,8 +7,9 @@
     python plot.py --peer                     also time the Triton GEMM torch reaches (below)
     python plot.py --csv-only                 benchmark and write results/<gpu>.csv, draw nothing
     python plot.py --from results/h100.csv    no GPU needed: figures and tables from that CSV
-    python plot.py --ablation                 on a Hopper GPU: time v5 with each technique off
-                                              (docs/ablation.py; the table in docs/results.md)
+    python plot.py --relabel v5=v7 --measured-at <commit>
+                                              keep a renamed version's rows: only where every schedule's
+                                              tilus program is the one measured (support/provenance.py)
 
 At each size every contender is checked, then timed in both regimes of ``support/bench.py``
 (burst: the kernel alone; back-to-back: a program's loop through its entry point), the
@@ -32,6 +33,7 @@ from the builds (docs/evidence.py; no GPU needed, slow only the first time).
 
 import argparse
 import ast
+import csv
 import importlib
 import importlib.util
 import re
@@ -46,7 +48,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import torch  # noqa: E402
 
-from support import bench, cache, cli, gpu, measure  # noqa: E402
+from support import bench, cache, cli, gpu, measure, provenance, scaled, versions  # noqa: E402
 from support.bench import Contender  # noqa: E402
 
 REPO = cache.REPO
@@ -71,6 +73,8 @@ SQUARE_SIZES = ["512", "1024", "2048", "4096", "8192", "16384"]
 BENCHMARK_SIZES = CLASS_SIZES + [size for size in SQUARE_SIZES if size not in CLASS_SIZES]
 # measured a second time at the end of a run, to show how far two measurements of one build agree
 REPEAT_SIZES = ["4096", "8192", "128x8192x8192"]
+# bf16: every version at the squares of the class sizes (the README's progression holds in both dtypes)
+BF16_SIZES = ["4096", "8192"]
 
 # dense fp16 tensor-core peak from NVIDIA's datasheets, TFLOPS (without sparsity)
 PEAK_TFLOPS = {"h100": 989.4, "h200": 989.4, "h100-pcie": 756.5}
@@ -82,7 +86,8 @@ REGIMES = {"back-to-back": "a program's loop through each entry point, host cost
 
 
 def versions_on_disk() -> list[str]:
-    return sorted(path.stem for path in REPO.glob("matmul_v*.py"))
+    """The 16-bit versions this benchmark times (module names, v1 first); fp8's are matmul_v10.py's and v11's."""
+    return versions.sixteen_bit()
 
 
 def shape_class(m: int, n: int, k: int) -> str:
@@ -401,7 +406,7 @@ def versions_table(rows: list[dict], size: str, dtype: str = "fp16") -> str:
     regimes = list(REGIMES)[::-1]  # burst (the kernel alone) first
     lines = [f"| file | idea | {_shape(size)}, " + f" | {_shape(size)}, ".join(regimes) + " | walkthrough |",
              "|---|---|" + "---|" * len(regimes) + "---|"]
-    for version in (v.removeprefix("matmul_") for v in versions_on_disk()):
+    for version in (v.removeprefix("matmul_") for v in versions.lesson()):
         cells = [f"{float(r['tflops']):.0f} TFLOPS ({_pct(r)})" if (r := by_key.get((version, regime))) else "-"
                  for regime in regimes]
         lines.append(f"| `matmul_{version}.py` | {_idea(version)} | " + " | ".join(cells)
@@ -465,12 +470,18 @@ def model_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fp8_table(rows: list[dict], decode: bool) -> str:
-    """matmul_v7.py's rows: v7 against torch._scaled_mm with each scaling, and v6 and cuBLAS in bf16.
+def _fp8(scaling: str) -> str:
+    """The contender name of the version that runs a scaling: 'v10 tensor', 'v10 row', 'v11 block'."""
+    return f"{scaled.VERSION_OF[scaling]} {scaling}"
 
-    Large shapes in TFLOPS, decode shapes (M <= 64) in % of the copy bandwidth; each v7 cell
-    also gives its % of cuBLAS with the same scaling (of v7 per-tensor for block-wise where
-    torch has no block-wise fp8 at that shape) and half the spread.
+
+def fp8_table(rows: list[dict], decode: bool) -> str:
+    """The fp8 versions' rows (matmul_v10.py, matmul_v11.py): each scaling against torch._scaled_mm with the same,
+    and the newest 16-bit version and cuBLAS in bf16.
+
+    Large shapes in TFLOPS, decode shapes (M <= 64) in % of the copy bandwidth; each fp8 cell
+    also gives its % of cuBLAS with the same scaling (of the per-tensor kernel for block-wise
+    where torch has no block-wise fp8 at that shape) and half the spread.
     """
     by_key = {(r["version"], r["regime"], int(r["m"]), int(r["n"]), int(r["k"])): r for r in rows if r.get("regime")}
     sizes = sorted({key[2:] for key in by_key if (key[2] <= 64) == decode}, key=lambda s: (s[0] * s[1] * s[2], s))
@@ -484,41 +495,46 @@ def fp8_table(rows: list[dict], decode: bool) -> str:
         return value(r) + ratio
 
     unit = "% of copy bandwidth" if decode else "TFLOPS"
-    lines = ["| size | regime | bf16: cuBLAS / v6 | per-tensor: cuBLAS / v7 | row-wise: cuBLAS / v7 | "
-             "block-wise: cuBLAS / v7 | v7 per-tensor / v6 |", "|---|---|---|---|---|---|---|"]
+    bf16, tensor = scaled.BF16_VERSION, _fp8("tensor")
+    lines = [f"| size | regime | bf16: cuBLAS / {bf16} | " + " | ".join(
+                 f"{label}: cuBLAS / {scaled.VERSION_OF[s]}" for s, label in
+                 (("tensor", "per-tensor"), ("row", "row-wise"), ("block", "block-wise")))
+             + f" | {scaled.VERSION_OF['tensor']} per-tensor / {bf16} |", "|---|---|---|---|---|---|---|"]
     for size in sizes:
         for regime in ("burst", "back-to-back"):
-            v6, v7 = by_key.get(("v6", regime, *size)), by_key.get(("v7 tensor", regime, *size))
-            speedup = f"{float(v6['ms']) / float(v7['ms']):.2f}x" if v6 and v7 else "-"
+            old, new = by_key.get((bf16, regime, *size)), by_key.get((tensor, regime, *size))
+            speedup = f"{float(old['ms']) / float(new['ms']):.2f}x" if old and new else "-"
             lines.append(f"| {'x'.join(map(str, size))} | {regime} | {cell('cublas', regime, size)} / "
-                         f"{cell('v6', regime, size)} | " + " | ".join(
-                             f"{cell(f'cublas fp8 {s}', regime, size)} / {cell(f'v7 {s}', regime, size, True)}"
+                         f"{cell(bf16, regime, size)} | " + " | ".join(
+                             f"{cell(f'cublas fp8 {s}', regime, size)} / {cell(_fp8(s), regime, size, True)}"
                              for s in ("tensor", "row", "block")) + f" | {speedup} |")
+    dates = sorted({r["date"] for r in rows})
     first = rows[0]
-    lines += ["", f"{first['gpu']}, {first['date']}, tilus {first['tilus']}, torch {first['torch']}: {unit}; "
-              "each v7 cell's % is of cuBLAS (torch._scaled_mm) with the same scaling, or of v7 per-tensor where torch "
-              "takes no block-wise scales at that shape (-), ± half the spread over the rounds. Inputs: random normal "
-              "bf16, quantized per tensor, per row, or in 1 x 128 (A) and 128 x 128 (B) blocks; C bf16. Burst and "
-              "back to back as in docs/reference.md. Blackwell: built for sm_100a, never run (docs/v7.md)."]
+    lines += ["", f"{first['gpu']}, {', '.join(dates)}, tilus {first['tilus']}, torch {first['torch']}: {unit}; "
+              "each fp8 cell's % is of cuBLAS (torch._scaled_mm) with the same scaling, or of the per-tensor kernel "
+              "where torch takes no block-wise scales at that shape (-), ± half the spread over the rounds. Inputs: "
+              "random normal bf16, quantized per tensor, per row, or in 1 x 128 (A) and 128 x 128 (B) blocks; C bf16. "
+              "Burst and back to back as in docs/reference.md."]
     return "\n".join(lines) + "\n"
 
 
 def fp8_peer_table(rows: list[dict]) -> str:
-    """The Triton kernels torch.compile makes of torch._scaled_mm (``matmul_v7.py --peer``) beside cuBLAS and v7."""
+    """The Triton kernels torch.compile makes of torch._scaled_mm (``matmul_v10.py --peer``) beside cuBLAS and v10."""
     by_key = {(r["version"], r["regime"], int(r["m"]), int(r["n"]), int(r["k"])): r for r in rows if r.get("regime")}
     sizes = sorted({key[2:] for key in by_key if key[0].startswith("triton")}, key=lambda s: (s[0] * s[1] * s[2], s))
     if not sizes:
-        return "Not measured yet: `python matmul_v7.py --peer` measures it.\n"
+        return f"Not measured yet: `python matmul_{scaled.VERSION_OF['tensor']}.py --peer` measures it.\n"
 
     def cell(name, regime, size):
         r = by_key.get((name, regime, *size))
         return "-" if r is None else f"{float(r['tflops']):,.0f} ({float(r['pct_of_cublas']):.1f}%)"
 
-    lines = ["| size | regime | per-tensor: Triton / v7 | row-wise: Triton / v7 |", "|---|---|---|---|"]
+    version = scaled.VERSION_OF["tensor"]
+    lines = [f"| size | regime | per-tensor: Triton / {version} | row-wise: Triton / {version} |", "|---|---|---|---|"]
     for size in sizes:
         for regime in ("burst", "back-to-back"):
             lines.append(f"| {'x'.join(map(str, size))} | {regime} | " + " | ".join(
-                f"{cell(f'triton fp8 {s}', regime, size)} / {cell(f'v7 {s}', regime, size)}" for s in ("tensor", "row"))
+                f"{cell(f'triton fp8 {s}', regime, size)} / {cell(_fp8(s), regime, size)}" for s in ("tensor", "row"))
                 + " |")
     first = next(r for key, r in by_key.items() if key[0].startswith("triton"))
     lines += ["", f"{first['gpu']}, {first['date']}, torch {first['torch']}: TFLOPS (% of cuBLAS with the same scaling, "
@@ -531,7 +547,7 @@ def fp8_errors_table(rows: list[dict]) -> str:
     """Each scaling's relative error against the fp32 product of its dequantized inputs, by K (the large shapes)."""
     errors = {(r["version"], int(r["m"]), int(r["n"]), int(r["k"])): float(r["rel_err"]) for r in rows if r["rel_err"]}
     sizes = sorted({key[1:] for key in errors if key[1] > 64}, key=lambda s: (s[2], s))
-    names = ["v7 tensor", "v7 row", "v7 block", "cublas fp8 tensor", "cublas fp8 row", "cublas fp8 block"]
+    names = [*(_fp8(s) for s in scaled.SCALINGS), "cublas fp8 tensor", "cublas fp8 row", "cublas fp8 block"]
     lines = ["| size | K | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for size in sizes:
         lines.append(f"| {'x'.join(map(str, size))} | {size[2]:,} | " + " | ".join(
@@ -718,10 +734,40 @@ def benchmark(sizes: list[str], peer: bool, dtype: str = "fp16", names: list[str
     rows = cli.benchmark(versions, [cli.parse_size(size) for size in sizes], repeat, 60.0, dtype,
                          peers=[peer_contender] if peer else [],
                          on_size=lambda size_rows: cli.print_rows(size_rows) or cli.save_rows(size_rows, path))
+    for name in versions:  # the programs these rows were measured with (support/provenance.py)
+        provenance.record(name, provenance.hashes(f"matmul_{name}"))
     wrong = sorted({f"{r['version']} at {_size(r)}" for r in rows if not cli.row_passes(r)})
     if wrong:
         raise SystemExit(f"not plotted: wrong results from {', '.join(wrong)}")
     return path
+
+
+def relabel(pairs: list[str], commit: str, files: list[Path] | None = None) -> int:
+    """Rename versions' rows (OLD=NEW each) in ``files`` (default: every results CSV), where the programs of OLD at
+    ``commit`` (the code that measured them) are those of NEW on disk, schedule by schedule; record the hashes.
+    Exit status."""
+    renames = dict(pair.split("=") for pair in pairs)
+    for old, new in renames.items():
+        before, after = provenance.hashes_at(commit, f"matmul_{old}"), provenance.hashes(f"matmul_{new}")
+        if before != after:
+            differ = sorted(set(before) ^ set(after) | {s for s in before if before[s] != after.get(s)})
+            print(f"{old} at {commit} and {new} are not the same kernels: {differ[:3]}", file=sys.stderr)
+            return 1
+    for path in [p.resolve() for p in files] if files else sorted(cli.RESULTS_DIR.glob("*.csv")):
+        rows = cli.read_csv(path)
+        column = "backend" if rows and "backend" in rows[0] else "version"
+        if not any(row[column] in renames for row in rows):
+            continue
+        for row in rows:
+            row[column] = renames.get(row[column], row[column])
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"relabelled {', '.join(f'{a} -> {b}' for a, b in renames.items())} in {path.relative_to(REPO)}")
+    for old, new in renames.items():
+        provenance.record(new, provenance.hashes(f"matmul_{new}"), measured_as=old, commit=commit)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -732,25 +778,26 @@ def main(argv=None) -> int:
                              "decode shapes and square sizes from 512 to 16384")
     parser.add_argument("--peer", action="store_true", help="also time the Triton GEMM torch.compile reaches")
     parser.add_argument("--dtype", choices=["fp16", "bf16", "both"], default="both",
-                        help="fp16: every version at every size; bf16: the last two versions at the class sizes "
+                        help="fp16: every version at every size; bf16: every version at the square class sizes "
                              "(or --sizes and --versions); default: both")
     parser.add_argument("--versions", nargs="+", metavar="VN", help="time only these versions (e.g. v4 v5)")
     parser.add_argument("--out", type=Path, help="with --csv-only: write the rows to this CSV, not results/<gpu>.csv")
+    parser.add_argument("--relabel", nargs="+", metavar="OLD=NEW",
+                        help="rename these versions' rows, where each one's kernels are the ones measured (below)")
+    parser.add_argument("--measured-at", metavar="COMMIT", help="with --relabel: the commit whose code measured them")
+    parser.add_argument("--in", dest="files", nargs="+", type=Path, metavar="CSV",
+                        help="with --relabel: only these results files (default: all)")
     parser.add_argument("--csv-only", action="store_true",
                         help="benchmark and write results/<gpu>.csv only (re-plot later with --from)")
-    parser.add_argument("--ablation", action="store_true",
-                        help="only time v5 with each technique switched off, beside v4 and cuBLAS")
     parser.add_argument("--second-measurement", choices=["yes", "no", "only"], default="yes",
                         help=f"after the fp16 run, measure {', '.join(REPEAT_SIZES)} again with the same contenders "
                              "into results/<gpu>_repeat.csv, to show how far two measurements agree (only: nothing "
                              "else); default: yes")
     args = parser.parse_args(argv)
-    if args.ablation:
-        ablation = _docs_script("ablation")
-        print(f"wrote {ablation.measure_variants().relative_to(REPO)}")
-        if ablation.update_page():
-            print(f"updated the ablation table in {ablation.DOCUMENT.relative_to(REPO)}")
-        return 0
+    if args.relabel:
+        if not args.measured_at:
+            parser.error("--relabel needs --measured-at, the commit whose code measured the rows")
+        return relabel(args.relabel, args.measured_at, args.files)
     sources = [args.source] if args.source else []
     if not sources:
         try:
@@ -763,9 +810,8 @@ def main(argv=None) -> int:
                 benchmark(REPEAT_SIZES, args.peer, "fp16", args.versions, again)
                 sources = sources or [cli.RESULTS_DIR / f"{gpu.gpu_label()}.csv"]
             if args.dtype in ("bf16", "both") and args.second_measurement != "only":
-                last_two = [name.removeprefix("matmul_") for name in versions_on_disk()[-2:]]
-                sizes = args.sizes if args.sizes is not BENCHMARK_SIZES else CLASS_SIZES
-                sources = [benchmark(sizes, args.peer, "bf16", args.versions or last_two, args.out)]
+                sizes = args.sizes if args.sizes is not BENCHMARK_SIZES else BF16_SIZES
+                sources = [benchmark(sizes, args.peer, "bf16", args.versions, args.out)]
             if args.csv_only:
                 return 0
         except gpu.UnsupportedGPUError as reason:
@@ -778,8 +824,6 @@ def main(argv=None) -> int:
             print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
     for document in update_documents():
         print(f"updated the results tables in {document.relative_to(REPO)}")
-    if _docs_script("ablation").update_page():
-        print("updated the ablation table in docs/results.md")
     for path in model_figures():
         print(f"wrote {path.relative_to(REPO)} (a model)")
     for path in _docs_script("streamk").main():
@@ -795,7 +839,7 @@ def _docs_script(name: str):
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, REPO / "docs" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # the ablation's kernels are keyed by their module's source (support.cache)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 

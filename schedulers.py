@@ -70,7 +70,8 @@ class PersistentTileScheduler(GroupedTileOrder, tilus.Class):
             tile_m, tile_n = scheduler.tile(unit)
     """
 
-    def __init__(self, num_units_m: int32, num_n: int32, num_units: int32, group_m: int, cluster_m: int, rank: int32):
+    def __init__(self, num_units_m: int32, num_n: int32, num_units: int32, group_m: int, cluster_m: int = 1,
+                 rank: int32 = 0):
         self.group_m: int = group_m
         self.cluster_m: int = cluster_m
         self.num_units_m = num_units_m

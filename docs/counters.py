@@ -1,13 +1,13 @@
 """Hardware counters of each Hopper version, read by Nsight Compute, and the spread of its timing.
 
-For each version (v1 .. v5) and shape (4096^3 and the skinny 128 x 8192 x 8192) it measures
+For each version (v1 .. v7) and shape (4096^3 and the skinny 128 x 8192 x 8192) it measures
 one launch of the tuned kernel under ``ncu`` (L2 flushed before it, ncu's default):
 
 - tensor-pipe utilisation: the share of the SMs' active cycles the wgmma pipe was busy;
 - DRAM bytes read, against the traffic model of docs/v4.md ("What the order saves",
   docs/raster.py) applied to the version's tile order, tile size and blocks in flight;
   and DRAM bytes written (C, less what is still in L2 when the kernel ends);
-- shared-memory bank conflicts of plain loads and stores (the epilogue's stmatrix: v5's
+- shared-memory bank conflicts of plain loads and stores (the epilogue's stmatrix: v6's
   swizzle should bring the stores' count near zero; TMA and wgmma do not go through this pipe);
 - achieved occupancy: warps resident per SM against the 64 an SM can hold;
 and, outside ncu, the run-to-run spread of the kernel's time: min / median / max of 30
@@ -44,7 +44,7 @@ PAGE = DOCS / "results.md"
 BLOCK = re.compile(r"(<!-- counters (\S+) -->\n)(.*?)(<!-- /counters -->)", re.DOTALL)
 # one line near the top of each version's page: what it changed, its time against the version before, and why
 LINE = re.compile(r"(<!-- counters-line (\S+) (v\d+) -->\n)(.*?)(<!-- /counters-line -->)", re.DOTALL)
-VERSIONS = ["v1", "v2", "v3", "v4", "v5"]
+VERSIONS = ["v1", "v2", "v3", "v4", "v5", "v6", "v7"]
 SIZES = ["4096x4096x4096", "128x8192x8192"]
 RUNS = 30  # timed runs for the spread, in the rounds of support/measure.py's time_burst
 WARMUP_CALLS = 3  # calls in the profiled child before the one it profiles
@@ -85,8 +85,9 @@ def tile_order(version: str, schedule: dict, num_m: int, num_n: int) -> tuple[li
     """(the order work units start in, tile rows per unit) of a version's kernel.
 
     v1-v3 launch a 2-D grid, tile rows fastest; v4 launches one block per tile in grouped
-    order; v5's clusters walk units of cluster_m tile rows (sharing one B tile) in grouped
-    order with a stride of the grid, so the units in flight at once are consecutive too.
+    order; v5 and v6 walk the grouped order with a stride of the grid, and v7's clusters walk
+    units of cluster_m tile rows (sharing one B tile) so, so the units in flight at once are
+    consecutive too.
     """
     if version in ("v1", "v2", "v3"):
         return raster.row_order(num_m, num_n), 1
@@ -347,8 +348,9 @@ CHANGES = {
            [_tensor]),
     "v3": ("a producer warp and two consumer warpgroups (full/empty barriers, a 128 x 256 tile)", [_tensor]),
     "v4": ("the `Pipeline` class, grouped tile order (`group_m`), a fourth slot at 128 x 256", [_dram_read]),
-    "v5": ("persistent blocks, 2-CTA clusters with TMA multicast, a swizzled and overlapped epilogue",
-           [_smem_stores, _tensor]),
+    "v5": ("persistent blocks, one per SM, and an epilogue that overlaps the next tile's K loop", [_tensor]),
+    "v6": ("a swizzled output tile, stored by TMA in 64-column boxes", [_smem_stores, _tensor]),
+    "v7": ("2-CTA clusters that share B through TMA multicast", [_dram_read, _tensor]),
 }
 
 

@@ -1,17 +1,17 @@
-"""Diagrams of the ring's phases, the warp roles of v3 and v5 (Hopper), and v5's swizzled output tile.
+"""Diagrams of the ring's phases, the warp roles of v3 and v7 (Hopper), and v6's swizzled output tile.
 
 Drawn from the facts below, each taken from the code it names (tests/test_docs.py checks
 them against that code and that the committed figures are what this script writes):
 
-    python docs/diagrams.py     writes figures/ring_phases.svg, roles_v3.svg, roles_v5.svg, swizzle_v5.svg
+    python docs/diagrams.py     writes figures/ring_phases.svg, roles_v3.svg, roles_v7.svg, swizzle_v6.svg
 
 - ring_phases: pipeline.py's contract over two and a half trips round a ring of 4 slots:
   each slot's full and empty barrier, the phase each is in and when it completes, and
   the producer's and the consumer's (stage, phase) cursors. Time is schematic.
-- roles_v3, roles_v5: which warps of a Hopper block do what, and the barriers between
+- roles_v3, roles_v7: which warps of a Hopper block do what, and the barriers between
   them with their arrival counts.
-- swizzle_v5: where the 16-byte chunks of an output tile's rows land in shared memory,
-  v4's row-major tile against v5's 128-byte swizzle, and the banks one stmatrix hits.
+- swizzle_v6: where the 16-byte chunks of an output tile's rows land in shared memory,
+  v5's row-major tile against v6's 128-byte swizzle, and the banks one stmatrix hits.
 
 The SVGs are deterministic (fixed ids, text as text, no date), so a rerun gives identical
 files.
@@ -43,15 +43,15 @@ PRODUCER_INITIAL_PHASE, CONSUMER_INITIAL_PHASE = 1, 0
 # thread of both consumer warpgroups arrives after wait_group(1)); 128 x 256 tiles take 2 or
 # 3 slots of 48 KiB (the diagram draws 3)
 V3_WARPS, V3_PRODUCER_THREAD, V3_EMPTY_COUNT, V3_STAGES = 9, 256, 256, 3
-# HopperMatmulV5 at its 128 x 256 schedule: a ring of 4, 9 warps, empty count 2 warpgroups x
+# HopperMatmulV7 at its 128 x 256 schedule: a ring of 4, 9 warps, empty count 2 warpgroups x
 # cluster_m CTAs, s_c_free[0..1] of count 1 each
-V5_STAGES, V5_WARPS, V5_CLUSTER = 4, 9, 2
-V5_EMPTY_COUNT = 2 * V5_CLUSTER
-BLOCK_M, BLOCK_N, BLOCK_K = 128, 256, 64  # v3's and v5's Hopper tile, fp16
-# matmul_v5.py's output tile: 64-column boxes with Swizzle(base=3, bits=3, shift=3)
+V7_STAGES, V7_WARPS, V7_CLUSTER = 4, 9, 2
+V7_EMPTY_COUNT = 2 * V7_CLUSTER
+BLOCK_M, BLOCK_N, BLOCK_K = 128, 256, 64  # v3's and v7's Hopper tile, fp16
+# matmul_v6.py's output tile: 64-column boxes with Swizzle(base=3, bits=3, shift=3)
 SWIZZLE = {"base": 3, "bits": 3, "shift": 3}
 BOX_COLUMNS = 64  # fp16: 128 bytes a row, the widest row TMA's 128-byte swizzle takes
-V4_ROW_COLUMNS = BLOCK_N  # v4's row-major output tile: 64 rows of 256 fp16, 512 bytes a row
+V5_ROW_COLUMNS = BLOCK_N  # v5's row-major output tile: 64 rows of 256 fp16, 512 bytes a row
 CHUNK_BYTES = 16  # a 16-byte chunk: 8 fp16, one row of an stmatrix 8 x 8 matrix; 4 banks
 BANKS, BANK_BYTES = 32, 4
 
@@ -77,14 +77,14 @@ def _save(fig, path):
 # 1. The ring's phases
 
 
-RING_STEPS = 10  # K steps drawn: two trips round V5_STAGES slots and the start of a third
+RING_STEPS = 10  # K steps drawn: two trips round V7_STAGES slots and the start of a third
 # schematic time units: the consumer's work on one slot takes 1; a load takes longer than a
 # trip's worth of the producer's issues, so the consumer waits for the first load, and from
 # the second trip on the producer waits for the consumer to free a slot
 RING_ISSUE, RING_LOAD, RING_WORK = 0.5, 2.5, 1.0
 
 
-def ring_steps(stages=V5_STAGES, steps=RING_STEPS):
+def ring_steps(stages=V7_STAGES, steps=RING_STEPS):
     """One dict per K step j: its slot, both cursors' phases, and the times (schematic) when
 
     ask/issue: the producer starts waiting on empty[slot] / passes it and issues the loads,
@@ -119,7 +119,7 @@ def ring_steps(stages=V5_STAGES, steps=RING_STEPS):
     return rows
 
 
-def draw_ring_phases(path, stages=V5_STAGES, steps=RING_STEPS):
+def draw_ring_phases(path, stages=V7_STAGES, steps=RING_STEPS):
     rows = ring_steps(stages, steps)
     end = rows[-1]["free"] + 1.1
     lanes = ["producer"] + [f"{kind}[{s}]" for s in range(stages) for kind in ("full", "empty")] + ["consumer"]
@@ -219,7 +219,7 @@ def draw_ring_phases(path, stages=V5_STAGES, steps=RING_STEPS):
 
 
 # ---------------------------------------------------------------------------------------
-# 2. The warp roles of v3 and v5 (Hopper)
+# 2. The warp roles of v3 and v7 (Hopper)
 
 
 def _box(ax, x, y, w, h, text, face="white", edge=DARK, size=7.0, bold=False, color="black", lw=0.9, ls="-"):
@@ -265,7 +265,7 @@ ROLE_LEGEND = [mpatches.Patch(facecolor=BLUE, label="loads, full barriers"),
 
 
 def _block(ax, y0, stages, cluster=1, rank=0, flip=False):
-    """One Hopper CTA of v3 (cluster 1) or v5: its warps, its shared memory, the barriers between.
+    """One Hopper CTA of v3 (cluster 1) or v7: its warps, its shared memory, the barriers between.
 
     Coordinates are inches; y is relative to the block's bottom, mirrored when flip (so two
     CTAs of a cluster face each other with their rings). Returns named anchor points.
@@ -282,21 +282,21 @@ def _block(ax, y0, stages, cluster=1, rank=0, flip=False):
     def label(x, y, *args, **kwargs):
         _label(ax, x, Y(y), *args, **kwargs)
 
-    v5 = cluster > 1
+    v7 = cluster > 1
     # the producer and the TMA engine
-    b_what = f"A, B part {rank}" if v5 else "A, B"
+    b_what = f"A, B part {rank}" if v7 else "A, B"
     box(0.25, 2.15, 2.3, 1.3, f"producer: warp 8\nthreads {V3_PRODUCER_THREAD}-{V3_PRODUCER_THREAD + 31}\n"
         "one thread arrives,\nthe warp issues the loads"
-        + ("\n(runs on from tile to tile)" if v5 else ""), "#EDEDED", size=6.6)
+        + ("\n(runs on from tile to tile)" if v7 else ""), "#EDEDED", size=6.6)
     box(0.25, 0.2, 2.3, 0.75, "TMA engine", "#DCE6F2", BLUE, 7.5, bold=True)
     arrow((1.4, 2.15), (1.4, 0.95), BLUE)
     label(1.45, 1.55, f"issues the loads:\n{b_what}", BLUE, ha="left")
     # shared memory: barriers, the ring
     box(3.6, 0.1, 3.7, 3.4, "", "#FAFAFA", "#999999", lw=0.7, ls="--")
     label(3.7, 3.38, "shared memory", "#777777", 6.2, ha="left")
-    full = f"full_barriers[s]: count 1 + {A_SLOT + B_SLOT} KiB" + (f"\n({B_SLOT // 2} KiB of it from the peer)" if v5 else "")
+    full = f"full_barriers[s]: count 1 + {A_SLOT + B_SLOT} KiB" + (f"\n({B_SLOT // 2} KiB of it from the peer)" if v7 else "")
     box(3.8, 2.75, 3.3, 0.5, full, "#E3ECF6", BLUE, 6.4)
-    empty = (f"empty_barriers[s]: count {V5_EMPTY_COUNT}\n= 2 warpgroups x {cluster} CTAs" if v5
+    empty = (f"empty_barriers[s]: count {V7_EMPTY_COUNT}\n= 2 warpgroups x {cluster} CTAs" if v7
              else f"empty_barriers[s]: count {V3_EMPTY_COUNT}\n= 2 warpgroups x 128 threads")
     box(3.8, 2.15, 3.3, 0.5, empty, "#EDEDED", DARK, 6.4)
     slot_w = (3.3 - 0.08 * (stages - 1)) / stages
@@ -304,7 +304,7 @@ def _block(ax, y0, stages, cluster=1, rank=0, flip=False):
         x = 3.8 + s * (slot_w + 0.08)
         box(x, 1.2, slot_w, 0.24, "A 0-63", "#DCE6F2", BLUE, 5.2)
         box(x, 0.94, slot_w, 0.24, "A 64-127", "#DCE6F2", BLUE, 5.2)
-        if v5:
+        if v7:
             for part in range(cluster):
                 own = part == rank  # the peer's part nearest the peer, where its multicast comes in
                 box(x, 0.25 + 0.33 * own, slot_w, 0.31, f"B part {part}",
@@ -329,12 +329,12 @@ def _block(ax, y0, stages, cluster=1, rank=0, flip=False):
     arrow((7.1, 3.0), (8.2, 3.0), BLUE)
     label(7.65, 3.3, "wait(full[s],\nconsumer phase)", BLUE, 5.8)
     arrow((8.2, 2.4), (7.1, 2.4), DARK)
-    label(7.65, 2.7, "after wait_group: 1\nthread each arrives" + ("\nhere and on the peer's" if v5 else "")
-          if v5 else "after wait_group(1):\nevery thread arrives", DARK, 5.8)
+    label(7.65, 2.7, "after wait_group: 1\nthread each arrives" + ("\nhere and on the peer's" if v7 else "")
+          if v7 else "after wait_group(1):\nevery thread arrives", DARK, 5.8)
     arrow((7.1, 0.75), (8.2, 2.0), ORANGE)
     label(7.68, 1.0, "wgmma\nreads", ORANGE, 5.8)
     # the epilogue
-    if v5:
+    if v7:
         box(8.2, 0.15, 2.65, 1.35, f"s_c (shared): 64 x 256 fp16, {C_TILE} KiB,\n4 swizzled 64-column boxes,\n"
             "one warpgroup's rows at a time:\ns_c_free[0], s_c_free[1] (count 1):\nwarpgroup 0 first; each hands\n"
             "it to the other after its store", "#E5F2E3", GREEN, 5.6)
@@ -369,12 +369,12 @@ def draw_roles_v3(path):
     return _save(fig, path)
 
 
-def draw_roles_v5(path):
+def draw_roles_v7(path):
     gap, frame = 0.8, 0.3  # inches between the two CTAs, and for each CTA's name
     height = 1.3 + 2 * (BLOCK_HEIGHT + frame) + gap
     fig, ax = _canvas(11.0, height)
-    ax.text(0.25, height - 0.25, (f"v5 (Hopper): a cluster of {V5_CLUSTER} CTAs, each a persistent block of "
-                                  f"{V5_WARPS} warps"), fontsize=10, fontweight="bold", va="center")
+    ax.text(0.25, height - 0.25, (f"v7 (Hopper): a cluster of {V7_CLUSTER} CTAs, each a persistent block of "
+                                  f"{V7_WARPS} warps"), fontsize=10, fontweight="bold", va="center")
     ax.text(0.25, height - 0.5, ("Each CTA walks tiles t, t + grid, ...; the two compute the tiles above each other, "
                                  "which share B: each loads one half and multicasts it into both."),
             fontsize=7.5, color=DARK, va="center")
@@ -390,8 +390,8 @@ def draw_roles_v5(path):
         _box(ax, 0.1, y0 - (0.05 if rank == 0 else frame), 10.85, BLOCK_HEIGHT + frame + 0.05, "", "none",
              "#AAAAAA", lw=0.8)
         _label(ax, 0.25, outer, f"CTA rank {rank}", "black", 7.5, ha="left")
-    zero = _block(ax, top, V5_STAGES, V5_CLUSTER, 0)
-    one = _block(ax, bottom, V5_STAGES, V5_CLUSTER, 1, flip=True)
+    zero = _block(ax, top, V7_STAGES, V7_CLUSTER, 0)
+    one = _block(ax, bottom, V7_STAGES, V7_CLUSTER, 1, flip=True)
     middle = bottom + BLOCK_HEIGHT + gap / 2
     # B: each CTA's TMA engine writes its part into the same slot of both CTAs
     _arrow(ax, zero["tma"], (4.4, one["ring_edge"]), PURPLE, ls="--")
@@ -422,13 +422,13 @@ def chunk_bank_group(byte_address):
 
 
 def row_major_chunks(rows=8, chunks=8):
-    """v4: {(row, chunk): bank group} for a row-major 64 x 256 fp16 tile."""
-    return {(r, c): chunk_bank_group(r * V4_ROW_COLUMNS * 2 + c * CHUNK_BYTES) for r in range(rows)
+    """v5: {(row, chunk): bank group} for a row-major 64 x 256 fp16 tile."""
+    return {(r, c): chunk_bank_group(r * V5_ROW_COLUMNS * 2 + c * CHUNK_BYTES) for r in range(rows)
             for c in range(chunks)}
 
 
 def swizzled_chunks(rows=8):
-    """v5: {(row, logical chunk): physical chunk = bank group} within one 64-column box."""
+    """v6: {(row, logical chunk): physical chunk = bank group} within one 64-column box."""
     elements = CHUNK_BYTES // 2
     return {(r, c): swizzle(r * BOX_COLUMNS + c * elements) % BOX_COLUMNS // elements
             for r in range(rows) for c in range(BOX_COLUMNS // elements)}
@@ -438,16 +438,16 @@ def draw_swizzle(path):
     chunk_colors = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#9D755D"]
     fig, axes = plt.subplots(1, 2, figsize=(10.0, 5.0))
     fig.subplots_adjust(left=0.09, right=0.98, top=0.74, bottom=0.2, wspace=0.3)
-    v4, v5 = row_major_chunks(), swizzled_chunks()
+    v5, v6 = row_major_chunks(), swizzled_chunks()
     panels = (
-        (axes[0], "v4: row-major 64 x 256, 512 bytes a row",
-         {(r, v4[r, c]): c for r, c in v4},
+        (axes[0], "v5: row-major 64 x 256, 512 bytes a row",
+         {(r, v5[r, c]): c for r, c in v5},
          "the 8 rows of one stmatrix (chunk 0) all in banks 0-3:\nan 8-way conflict, 8 passes"),
-        (axes[1], "v5: a 64-column box, 128-byte swizzle",
-         {(r, p): c for (r, c), p in v5.items()},
+        (axes[1], "v6: a 64-column box, 128-byte swizzle",
+         {(r, p): c for (r, c), p in v6.items()},
          "chunk 0 of rows 0-7 in 8 different bank groups:\nall 32 banks once, 1 pass"),
     )
-    for (ax, title, placed, note), row_bytes in zip(panels, (V4_ROW_COLUMNS * 2, BOX_COLUMNS * 2)):
+    for (ax, title, placed, note), row_bytes in zip(panels, (V5_ROW_COLUMNS * 2, BOX_COLUMNS * 2)):
         for (r, p), c in placed.items():
             face = chunk_colors[c]
             ax.add_patch(mpatches.Rectangle((p, r), 1, 1, facecolor=face, alpha=1.0 if c == 0 else 0.35,
@@ -470,7 +470,7 @@ def draw_swizzle(path):
         ax.text(4, 8.35, note, ha="center", va="top", fontsize=7.5, color=RED)
         for side in ax.spines.values():
             side.set_visible(False)
-    axes[0].text(8.15, 4, f"...\n{V4_ROW_COLUMNS * 2 // CHUNK_BYTES - 8} more\nchunks\na row", fontsize=6.5,
+    axes[0].text(8.15, 4, f"...\n{V5_ROW_COLUMNS * 2 // CHUNK_BYTES - 8} more\nchunks\na row", fontsize=6.5,
                  va="center", color=DARK)
     fig.legend(handles=[mpatches.Patch(facecolor=chunk_colors[0], edgecolor=RED, linewidth=1.6,
                                        label="chunk 0 of rows 0-7: the 8 rows one stmatrix 8 x 8 matrix writes"),
@@ -489,8 +489,8 @@ def draw_swizzle(path):
 
 # ---------------------------------------------------------------------------------------
 
-DRAWINGS = {"ring_phases": draw_ring_phases, "roles_v3": draw_roles_v3, "roles_v5": draw_roles_v5,
-            "swizzle_v5": draw_swizzle}
+DRAWINGS = {"ring_phases": draw_ring_phases, "roles_v3": draw_roles_v3, "roles_v7": draw_roles_v7,
+            "swizzle_v6": draw_swizzle}
 
 
 def main(out_dir=FIGURES, suffix=".svg"):

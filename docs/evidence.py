@@ -80,18 +80,28 @@ def update_pages(tables: dict, pages: list[Path]) -> list[Path]:
     return changed
 
 
+def builds(module_name: str, progress=print) -> dict:
+    """{arch: [BuildResult, ...]} of one lesson version: its Hopper kernels and the Blackwell ones of its idea (every
+    kernel table it has: KERNELS, and v11's BLOCKWISE_KERNELS)."""
+    from support import build, scaled, versions
+
+    module = importlib.import_module(module_name)
+    call_args = scaled.kernel_args(4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132) \
+        if versions.is_fp8(module_name) else None
+    results = {}
+    for table in (module.KERNELS, getattr(module, "BLOCKWISE_KERNELS", {})):
+        for arch, kernel in table.items():
+            results.setdefault(arch, []).extend(build.build_schedules(kernel, arch, progress=progress,
+                                                                      call_args=call_args))
+    return results
+
+
 def update_all(progress=print) -> list[Path]:
     """Build every schedule of every version (cached) and rewrite the tables; return the pages that changed."""
     sys.path.insert(0, str(REPO))
-    from support import build
+    from support import versions
 
-    tables = {}
-    for path in sorted(REPO.glob("matmul_v*.py")):
-        module = importlib.import_module(path.stem)
-        if hasattr(module, "BLOCKWISE_KERNELS"):  # v7 (fp8) takes other arguments: its builds are tests/test_v7.py's
-            continue
-        results = {arch: build.build_schedules(kernel, arch, progress=progress) for arch, kernel in module.KERNELS.items()}
-        tables[path.stem.removeprefix("matmul_")] = evidence_table(results)
+    tables = {name.removeprefix("matmul_"): evidence_table(builds(name, progress)) for name in versions.lesson()}
     return update_pages(tables, [DOCS / "results.md"])
 
 

@@ -1,4 +1,4 @@
-"""Stream-K (v6): where each SM's time goes at 4096^3, and how much of the memory bandwidth decode reaches.
+"""Stream-K (v8): where each SM's time goes at 4096^3, and how much of the memory bandwidth decode reaches.
 
 Two figures:
 
@@ -6,18 +6,18 @@ Two figures:
   time at 4096^3, with time counted as MMA work: one K block of a 128 x 256 tile takes
   1/64 of a unit (K = 4096 is 64 blocks of 64), one of a 128 x 128 tile half that. Loads,
   epilogues and the fix-up's reads of the workspace take no time, except that a tile's
-  owner cannot end before its sharers' sums were saved. The schedules are v5's
-  ``PersistentTileScheduler`` (whole tiles, every 132nd) and v6's ``StreamKTileScheduler``
+  owner cannot end before its sharers' sums were saved. The schedules are v7's
+  ``PersistentTileScheduler`` (whole tiles, every 132nd) and v8's ``StreamKTileScheduler``
   (whole waves, then worker w takes K blocks [w * I // 132, (w + 1) * I // 132) of the
   rest, its pieces last tile first), written out again here in plain Python. The
   scheduler's cap on sharers (``MAX_SHARERS``) does not bind at 4096^3: every range is
   longer than a tile, so all 132 workers take one.
 - figures/decode_roofline.svg is measured: the decode rows (M = 1, 16, 64; fp16;
   back-to-back) of results/h100.csv, each as the share of a device-to-device copy's
-  bandwidth measured in the same run (column ``pct_of_bandwidth``), for v5, v6, the Triton
+  bandwidth measured in the same run (column ``pct_of_bandwidth``), for v8, v9, the Triton
   peer and cuBLAS. Versions without rows are left out, with a note.
 
-streamk_4096.svg is shown in v6.md, decode_roofline.svg in v6-decode.md.
+streamk_4096.svg is shown in v8.md, decode_roofline.svg in v9.md.
 
     python docs/streamk.py [results.csv]     draws both figures (default results/h100.csv)
 """
@@ -41,17 +41,17 @@ SIZE = 4096
 BLOCK_K = 64
 K_BLOCKS = SIZE // BLOCK_K
 DECODE_M = ("1", "16", "64")
-DECODE_VERSIONS = {"v5": "#9ecae1", "v6": "#08519c", "triton": "0.65", "cublas": "0.35"}
+DECODE_VERSIONS = {"v8": "#9ecae1", "v9": "#08519c", "triton": "0.65", "cublas": "0.35"}
 LABELS = {"triton": "Triton (torch.compile)", "cublas": "cuBLAS"}
 
 
 def data_parallel(units: int, workers: int) -> list[list[tuple[int, int, int]]]:
-    """v5: worker w computes whole units w, w + workers, ...: per worker, its pieces (unit, k_begin, k_end)."""
+    """v7: worker w computes whole units w, w + workers, ...: per worker, its pieces (unit, k_begin, k_end)."""
     return [[(unit, 0, K_BLOCKS) for unit in range(w, units, workers)] for w in range(workers)]
 
 
 def dp_units(units: int, workers: int) -> int:
-    """v6: the units that stay whole: every one if the waves are whole, else all but the last whole wave and the
+    """v8: the units that stay whole: every one if the waves are whole, else all but the last whole wave and the
     partial one (none with fewer units than workers)."""
     if units % workers == 0:
         return units
@@ -59,7 +59,7 @@ def dp_units(units: int, workers: int) -> int:
 
 
 def stream_k(units: int, workers: int) -> list[list[tuple[int, int, int]]]:
-    """v6: StreamKTileScheduler's pieces per worker, in the order the worker computes them."""
+    """v8: StreamKTileScheduler's pieces per worker, in the order the worker computes them."""
     whole = dp_units(units, workers)
     sk_blocks = (units - whole) * K_BLOCKS
     schedule = []
@@ -131,16 +131,16 @@ def stream_k_title(name: str, units: int) -> str:
 
 
 def draw_4096(path: Path = FIGURES / "streamk_4096.svg") -> Path:
-    """v5's whole tiles against stream-K at 4096^3, at v5's tile and at the tile v6 offers stream-K with."""
+    """v7's whole tiles against stream-K at 4096^3, at v7's tile and at the tile v8 offers stream-K with."""
     tiles_256, tiles_128 = (SIZE // 128) * (SIZE // 256), (SIZE // 128) * (SIZE // 128)
     waves, last = divmod(tiles_256, SMS)
     panels = [
         (data_parallel(tiles_256, SMS), tiles_256, 1 / K_BLOCKS,
-         f"v5: whole 128 x 256 tiles, {tiles_256} for {SMS} SMs\n{waves + 1} waves, the last one {last} tiles"),
+         f"v7: whole 128 x 256 tiles, {tiles_256} for {SMS} SMs\n{waves + 1} waves, the last one {last} tiles"),
         (stream_k(tiles_256, SMS), dp_units(tiles_256, SMS), 1 / K_BLOCKS,
-         stream_k_title("stream-K at the same tile (not among v6's schedules)", tiles_256)),
+         stream_k_title("stream-K at the same tile (v8: in clusters of two only)", tiles_256)),
         (stream_k(tiles_128, SMS), dp_units(tiles_128, SMS), 0.5 / K_BLOCKS,  # half the MMA work per K block
-         stream_k_title("v6's stream-K, 128 x 128 tiles", tiles_128)),
+         stream_k_title("v8's stream-K, 128 x 128 tiles", tiles_128)),
     ]
     plt.rcParams["svg.hashsalt"] = "tilus-gemm-tutorial"
     fig, axes = plt.subplots(1, len(panels), figsize=(13, 5.6), sharey=True)

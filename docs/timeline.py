@@ -341,7 +341,7 @@ def schedule_v5_hopper(tiles=V5_TILES, steps=V5_STEPS, stages=V5_STAGES, tile=V5
     output tile s_c: warpgroup 0 first; each writes its rows (EPILOGUE_WRITE), fences and
     syncs, issues the TMA store, waits until the TMA engine has read s_c and arrives on the
     other warpgroup's s_c_free. With overlap (v5) a warpgroup goes on to its next tile at
-    once; without (docs/ablation.py's EpilogueNotOverlappedV5), the producer waits until
+    once; without (as in v4, where a block ends with its tile), the producer waits until
     both warpgroups have stored the last tile (the model's "tile_done") before it loads the
     next one.
     """
@@ -587,7 +587,7 @@ def figures():
          [(v5["overlap"], (PRODUCER, TMA, TC) + CONSUMERS,
            "v5: warpgroup 0 multiplies the next tile while 1 stores"),
           (v5["no overlap"], (PRODUCER, TMA, TC) + CONSUMERS,
-           "EpilogueNotOverlappedV5: the next tile's loads wait for both stores")]),
+           "as in v4: the next tile's loads wait for both stores")]),
     )
 
 

@@ -45,7 +45,7 @@ HOST_WARM_CALLS = 3  # untimed calls before each host-cost sample (see host_us)
 class Contender:
     """One entry point to time: ``call(a, b, out)`` returns C (``out=None`` allocates it, as a program would)."""
 
-    name: str  # v1..v6, cublas, or the peer's name
+    name: str  # v1..v9, cublas, or the peer's name
     call: object
     config: str = ""
 

@@ -71,6 +71,13 @@ def _parser(version: str) -> argparse.ArgumentParser:
 def _compile_only(kernels: dict, archs: list[str]) -> int:
     failed = 0
     for arch_name in archs:
+        if arch_name not in kernels:
+            try:
+                kernels[arch_name]
+            except UnsupportedGPUError as reason:
+                print(f"Nothing to build for {ARCHS[arch_name].sm}: {reason}.", flush=True)
+            failed += len(archs) == 1  # asked for this architecture alone: nothing was built
+            continue
         script_cls = kernels[arch_name]
         print(f"Building every schedule of {script_cls.__name__} for {ARCHS[arch_name].sm}:", flush=True)
         results = build_schedules(script_cls, arch_name, progress=lambda line: print(line, flush=True))
@@ -276,6 +283,11 @@ def main(version: str, kernels: dict, matmul, argv=None) -> int:
         return _compile_only(kernels, [args.arch] if args.arch else sorted(ARCHS, reverse=True))
     if args.arch and args.arch != arch_name:
         parser.error(f"this GPU runs the {arch_name} kernel; --arch {args.arch} only works with --compile-only")
+    try:
+        kernels[arch_name]
+    except UnsupportedGPUError as reason:
+        print(f"{torch.cuda.get_device_name()} is {arch_name.capitalize()}: {reason}.", flush=True)
+        return 1
     try:
         if args.all_schedules:
             return _check_every_schedule(kernels, arch_name, args.sizes, args.timeout, DTYPE_NAMES[args.dtype])

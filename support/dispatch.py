@@ -187,16 +187,16 @@ def is_persistent(script_cls) -> bool:
     return "num_sms" in parameters(script_cls)
 
 
-# a stream-K kernel's workspace (v6), per device: a ready flag and a partial tile of
-# SLOT_FLOATS fp32 per slot, SLOTS_PER_SM slots per SM (Hopper: one per consumer warpgroup, three
-# in v7's 192-row tiles)
-SLOTS_PER_SM = 3
-SLOT_FLOATS = 64 * 256
+# a stream-K kernel's workspace (v8 on), per device: a ready flag and a partial tile of
+# ENTRY_FLOATS fp32 per entry, ENTRIES_PER_SM entries per SM (Hopper: one per consumer warpgroup,
+# three in v11's 192-row tiles)
+ENTRIES_PER_SM = 3
+ENTRY_FLOATS = 64 * 256
 _workspaces: dict[tuple, tuple] = {}
 
 
 def workspace(device: torch.device, num_sms: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(flags, partials) for v6's stream-K fix-up on ``device``, allocated on first use.
+    """(flags, partials) for the stream-K fix-up on ``device``, allocated on first use.
 
     The flags start at 0 and every launch leaves them at 0, so one workspace serves every
     later launch on the device, one at a time (calls on two streams at once would share it).
@@ -204,14 +204,15 @@ def workspace(device: torch.device, num_sms: int) -> tuple[torch.Tensor, torch.T
     key = (device, num_sms)
     found = _workspaces.get(key)
     if found is None:
-        slots = SLOTS_PER_SM * num_sms
-        found = _workspaces[key] = (torch.zeros(slots, dtype=torch.int32, device=device),
-                                    torch.empty(slots * SLOT_FLOATS, dtype=torch.float32, device=device))
+        entries = ENTRIES_PER_SM * num_sms
+        found = _workspaces[key] = (torch.zeros(entries, dtype=torch.int32, device=device),
+                                    torch.empty(entries * ENTRY_FLOATS, dtype=torch.float32, device=device))
     return found
 
 
 def kernel_args(script_cls, m: int, n: int, k: int, a, b, out, num_sms: int | None = None) -> tuple:
-    """The arguments of a version's kernel: M, N, K, A, B, C; for a persistent kernel the SM count; for v6 its workspace.
+    """The arguments of a version's kernel: M, N, K, A, B, C; for a persistent kernel the SM count; from v8 on its
+    stream-K workspace.
 
     ``num_sms`` defaults to the SM count of the current GPU (132 when building without one:
     the value is an argument of the kernel, not compiled into it). Without tensors (a

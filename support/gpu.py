@@ -1,10 +1,13 @@
 """Which GPU the tensors are on, and which of a version's two kernels runs there."""
 
 import dataclasses
+import importlib
 import re
 
 import tilus.target
 import torch
+
+from support import versions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,3 +57,36 @@ def gpu_slug(name: str) -> str:
 def gpu_label(device=None) -> str:
     """The slug of the GPU torch sees (cache directories, results file names)."""
     return gpu_slug(torch.cuda.get_device_name(device))
+
+
+class Kernels(dict):
+    """A version's kernel for each architecture that has one ('hopper', 'blackwell'), and the version's name.
+
+    Looking up an architecture the version has no kernel for raises UnsupportedGPUError naming
+    the script to run instead.
+    """
+
+    def __init__(self, version: str, **by_arch):
+        super().__init__(by_arch)
+        self.version = version
+
+    def __missing__(self, arch: str):
+        if arch == "hopper":
+            raise UnsupportedGPUError(f"blackwell/matmul_{self.version}.py holds Blackwell's kernel; on Hopper run "
+                                      f"matmul_{self.version}.py")
+        earlier = [name for name in versions.blackwell() if versions.number(name) <= versions.number(self.version)]
+        raise UnsupportedGPUError(f"{self.version}'s idea has no Blackwell kernel; the nearest Blackwell version is "
+                                  f"{earlier[-1].replace('.', '/')}.py (docs/blackwell.md)")
+
+
+def kernels(version: str, hopper=None, blackwell=None, table: str = "KERNELS") -> Kernels:
+    """A version file's KERNELS (or another ``table`` of kernels, such as v11's BLOCKWISE_KERNELS).
+
+    A top-level version names its Hopper kernel, and the Blackwell kernel of the same idea comes
+    from the same table of blackwell/matmul_<version>.py where there is one; a blackwell/ version
+    names its own.
+    """
+    if hopper is not None and blackwell is None and f"blackwell.matmul_{version}" in versions.blackwell():
+        blackwell = getattr(importlib.import_module(f"blackwell.matmul_{version}"), table)["blackwell"]
+    return Kernels(version, **{arch: kernel for arch, kernel in (("hopper", hopper), ("blackwell", blackwell))
+                               if kernel is not None})

@@ -1,4 +1,4 @@
-"""fp8 with scales (v7): the three scalings, their input rules, ``quantize``, the launch path and the benchmark.
+"""fp8 with scales (v10, v11): the three scalings, their input rules, ``quantize``, the launch path and the benchmark.
 
 A scaled fp8 GEMM computes C = (A8 * scale_a) @ (B8 * scale_b)^T from e4m3 A8 (M x K) and
 B8 (N x K) and float32 scales; which scaling it is follows from the scales' shapes:
@@ -8,7 +8,7 @@ B8 (N x K) and float32 scales; which scaling it is follows from the scales' shap
 - block-wise (DeepSeek-V3's): scale_a M x ceil(K / 128) (1 x 128 blocks of activations)
   and scale_b ceil(N / 128) x ceil(K / 128) (128 x 128 blocks of weights).
 
-``quantize`` makes each from a bf16 or fp32 tensor. The launch path is v1-v6's (build and
+``quantize`` makes each from a bf16 or fp32 tensor. The launch path is v1-v9's (build and
 tune once per size bucket, then one dict lookup a call), with the scaling and the output
 dtype in the key; the kernel gets the scales as addresses and element strides, so any
 strides are taken (a per-tensor scale is a row-wise one with stride 0), but for block-wise
@@ -33,6 +33,10 @@ BLOCK = 128  # a block-wise scale's K block (and its weight block's rows)
 OUT_DTYPES = {torch.bfloat16: tilus.bfloat16, torch.float16: tilus.float16}
 GRANULARITIES = ("tensor", "row", "1x128", "128x128")
 SCALINGS = ("tensor", "row", "block")
+# the version whose kernel runs each scaling: v10 per-tensor and row-wise, v11 block-wise; and the newest
+# 16-bit version, timed beside them in bf16
+VERSION_OF = {"tensor": "v10", "row": "v10", "block": "v11"}
+BF16_VERSION = "v9"
 
 
 def quantize(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,7 +67,7 @@ def quantize(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, torch.Ten
 
 
 def m_major(scale: torch.Tensor) -> torch.Tensor:
-    """Activations' block-wise scales (rows x K blocks) as v7's Hopper kernel loads them by TMA: M-major, each
+    """Activations' block-wise scales (rows x K blocks) as v11's Hopper kernel loads them by TMA: M-major, each
     K block's rows 16-byte aligned (rows padded to a multiple of 4), as DeepGEMM takes them; ``scale`` itself
     where it is so already, else a copy."""
     rows, kb = scale.shape
@@ -200,7 +204,7 @@ def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
 
 def kernel_args(m: int, n: int, k: int, a, b, out, scale_a, scale_b, scale_strides: tuple,
                 num_sms: int | None = None) -> tuple:
-    """v7's kernel arguments: v6's, then the two scales' addresses and their element strides."""
+    """An fp8 version's kernel arguments: v9's, then the two scales' addresses and their element strides."""
     num_sms = dispatch.sm_count(num_sms)
     workspace = dispatch.workspace(a.device, num_sms) if isinstance(a, torch.Tensor) else (0, 0)
     return (m, n, k, a, b, out, num_sms, *workspace, scale_a, scale_b, *scale_strides)
@@ -211,12 +215,20 @@ def kernel_args(m: int, n: int, k: int, a, b, out, scale_a, scale_b, scale_strid
 _launchers: dict[tuple, object] = {}
 
 
-def launch(kernels: dict, blockwise_kernels: dict, a, b, scale_a, scale_b, out=None,
+def launch(kernels: dict, blockwise_kernels: dict | None, a, b, scale_a, scale_b, out=None,
            out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Validate, pick the kernel for this GPU and scaling, run it (building and tuning on the first call per bucket)."""
+    """Validate, pick the kernel for this GPU and scaling, run it (building and tuning on the first call per bucket).
+
+    ``blockwise_kernels`` is None for a version without block-wise kernels (v10): block-wise
+    scales are then a ValueError naming the version that takes them.
+    """
     if isinstance(out, torch.Tensor) and out.dtype in OUT_DTYPES:
         out_dtype = out.dtype  # a given out decides C's dtype
     m, n, k, index, scaling = check_inputs(a, b, scale_a, scale_b, out, out_dtype)
+    if scaling == "block" and blockwise_kernels is None:
+        raise ValueError(f"{kernels.version} takes per-tensor and row-wise scales; block-wise scales (scale_a "
+                         f"{tuple(scale_a.shape)}, scale_b {tuple(scale_b.shape)}) are {VERSION_OF['block']}'s: "
+                         f"matmul_{VERSION_OF['block']}.matmul")
     if scaling == "block":
         scale_a = m_major(scale_a)  # a copy only where the caller's scales are not (quantize's are)
     scale_strides = strides(scaling, scale_a, scale_b)
@@ -308,11 +320,13 @@ def cublas_fp8(scaling: str, a8, b8, scale_a, scale_b):
 PEER_SCALINGS = ("tensor", "row")
 
 
-def benchmark(matmul, kernels: dict, v6_matmul, sizes, repeat: int, timeout_s: float, on_size=None,
+def benchmark(fp8: dict, bf16_matmul, sizes, repeat: int, timeout_s: float, on_size=None,
               peer: bool = False) -> list[dict]:
-    """v7 with each scaling, torch._scaled_mm with each, v6 and cuBLAS in bf16, at each size, in both regimes.
+    """fp8 kernels, torch._scaled_mm with the same scalings, and the newest 16-bit version and cuBLAS in bf16, at
+    each size, in both regimes.
 
-    ``kernels`` maps each scaling to v7's kernel class here (for the schedule column). With
+    ``fp8`` maps each scaling timed to (contender name, its matmul, the kernel class that runs it
+    here, for the schedule column), e.g. {"block": ("v11 block", matmul_v11.matmul, ...)}. With
     ``peer``, also the Triton kernel torch.compile makes of the same torch._scaled_mm call
     (``bench.compile_peer``), per-tensor and row-wise ("triton fp8 <scaling>").
     """
@@ -328,10 +342,10 @@ def benchmark(matmul, kernels: dict, v6_matmul, sizes, repeat: int, timeout_s: f
                      for a, b in sets}
         a, b = sets[0]
         contenders, refs = [], {}
-        for scaling in SCALINGS:
+        for scaling, (name, matmul, _) in fp8.items():
             a8, sa, b8, sb = quantized[id(a)][scaling]
-            refs[f"v7 {scaling}"] = refs[f"cublas fp8 {scaling}"] = reference(a8, b8, sa, sb)
-            contenders.append(bench.Contender(f"v7 {scaling}", lambda a, b, out, s=scaling: matmul(
+            refs[name] = refs[f"cublas fp8 {scaling}"] = reference(a8, b8, sa, sb)
+            contenders.append(bench.Contender(name, lambda a, b, out, s=scaling, f=matmul: f(
                 quantized[id(a)][s][0], quantized[id(a)][s][2], quantized[id(a)][s][1], quantized[id(a)][s][3], out)))
             form, refused = cublas_fp8(scaling, a8, b8, sa, sb)
             if refused:
@@ -345,11 +359,12 @@ def benchmark(matmul, kernels: dict, v6_matmul, sizes, repeat: int, timeout_s: f
                 print(f"{m}x{n}x{k}: torch.compile autotunes its Triton templates for {scaling}-wise fp8 on the first "
                       "call...", flush=True)
                 compiled = bench.compile_peer(lambda x, y, sx, sy: torch._scaled_mm(x, y, sx, sy, out_dtype=torch.bfloat16))
-                refs[f"triton fp8 {scaling}"] = refs[f"v7 {scaling}"]
+                refs[f"triton fp8 {scaling}"] = refs[name]
                 contenders.append(bench.Contender(f"triton fp8 {scaling}", lambda a, b, out, c=cached, f=compiled: f(
                     *c[id(a)])))
-        refs["v6"] = refs["cublas"] = a.float() @ b.float().T
-        contenders += [bench.Contender("v6", v6_matmul), bench.Contender("cublas", lambda a, b, out: torch.matmul(a, b.T))]
+        refs[BF16_VERSION] = refs["cublas"] = a.float() @ b.float().T
+        contenders += [bench.Contender(BF16_VERSION, bf16_matmul),
+                       bench.Contender("cublas", lambda a, b, out: torch.matmul(a, b.T))]
         print(f"{m}x{n}x{k}: the first call at a size bucket builds and tunes each scaling's kernel (cached "
               "afterwards)...", flush=True)
         errors = {}
@@ -359,8 +374,8 @@ def benchmark(matmul, kernels: dict, v6_matmul, sizes, repeat: int, timeout_s: f
             measure.sync_or_exit(f"{c.name} at {m}x{n}x{k}", timeout_s)
             errors[c.name] = measure.relative_error(result, refs[c.name])
         del refs
-        schedules = {f"v7 {scaling}": config_of(kernels[scaling], scaling, m, n, k, q[1], q[3])
-                     for scaling, q in quantized[id(a)].items()}
+        schedules = {name: config_of(kernel, scaling, m, n, k, quantized[id(a)][scaling][1],
+                                     quantized[id(a)][scaling][3]) for scaling, (name, _, kernel) in fp8.items()}
         timed = [c for c in contenders if measure.passes(errors[c.name], torch.bfloat16)]
         outs = {c.name: torch.empty((m, n), dtype=torch.bfloat16, device="cuda") for c in timed}
         burst_telemetry = {c.name: bench.Telemetry(handle) for c in timed}
@@ -402,34 +417,37 @@ def dtype_of(name: str) -> str:
 
 
 def versus_of(name: str, rounds: dict) -> str:
-    """The contender a row is compared with: cuBLAS doing the same (the same scaling, or bf16), or v7 per-tensor
-    for block-wise where torch offers no block-wise fp8."""
-    if name.startswith(("v7", "triton")):
-        same = "cublas fp8 " + name.split()[-1]
-        return same if same in rounds else "v7 tensor"
+    """The contender a row is compared with: cuBLAS doing the same (the same scaling, or bf16), or the fp8
+    per-tensor kernel for block-wise where torch offers no block-wise fp8."""
+    scaling = name.split()[-1]
+    if scaling in SCALINGS and not name.startswith("cublas"):
+        same = f"cublas fp8 {scaling}"
+        return same if same in rounds else f"{VERSION_OF['tensor']} tensor"
     return "cublas"
 
 
 def config_of(script_cls, scaling: str, m: int, n: int, k: int, scale_a, scale_b) -> str:
-    """The schedule v7's tuner picked for these scales (their scaling and strides) at this size."""
+    """The schedule the tuner picked for these scales (their scaling and strides) at this size."""
     return dispatch.format_schedule(chosen_schedule(script_cls, m, n, k, strides(scaling, scale_a, scale_b)))
 
 
-def check(matmul, kernels: dict, sizes, timeout_s: float) -> int:
-    """Every scaling at every size against the fp32 product of the dequantized inputs; 1 if any is wrong.
+def check(version: str, matmul, kernels: dict, sizes, timeout_s: float) -> int:
+    """Every scaling in ``kernels`` at every size against the fp32 product of the dequantized inputs; 1 if any is
+    wrong.
 
-    ``kernels`` maps each scaling to the kernel class that runs it here (for the schedule column).
+    ``kernels`` maps each scaling the version takes to the kernel class that runs it here (for the schedule column).
     """
     results = []
     for seed, (m, n, k) in enumerate(sizes):
         gen = torch.Generator(device="cuda").manual_seed(seed)
         a = torch.randn((m, k), generator=gen, device="cuda")
         b = torch.randn((n, k), generator=gen, device="cuda")
-        for scaling, (ga, gb) in GRANULARITY.items():
+        for scaling in kernels:
+            ga, gb = GRANULARITY[scaling]
             (a8, sa), (b8, sb) = quantize(a, ga), quantize(b, gb)
             out = torch.full((m, n), math.nan, dtype=torch.bfloat16, device="cuda")
             matmul(a8, b8, sa, sb, out)
-            measure.sync_or_exit(f"v7 {scaling} at {m}x{n}x{k}", timeout_s)
+            measure.sync_or_exit(f"{version} {scaling} at {m}x{n}x{k}", timeout_s)
             err = measure.relative_error(out, reference(a8, b8, sa, sb))
             results.append([f"{m}x{n}x{k}", scaling, f"{err:.2e}",
                             "ok" if measure.passes(err, torch.bfloat16) else "WRONG",
@@ -438,8 +456,13 @@ def check(matmul, kernels: dict, sizes, timeout_s: float) -> int:
     return 1 if any(row[3] != "ok" for row in results) else 0
 
 
-def main(version: str, kernels: dict, blockwise_kernels: dict, matmul, argv=None) -> int:
-    """v7's command line: check every scaling, benchmark it against cuBLAS's fp8 and v6's bf16, or build only."""
+def main(version: str, kernels: dict, blockwise_kernels: dict | None, matmul, argv=None) -> int:
+    """An fp8 version's command line: check each scaling it takes, benchmark its own against cuBLAS's fp8 and
+    the newest 16-bit version in bf16, or build only.
+
+    v10 (no ``blockwise_kernels``) takes and times per-tensor and row-wise scales; v11 takes all
+    three and times block-wise, beside v10's per-tensor kernel.
+    """
     from support import build
 
     parser = argparse.ArgumentParser(description=f"{version}: fp8 GEMMs with scales, checked and timed")
@@ -451,28 +474,45 @@ def main(version: str, kernels: dict, blockwise_kernels: dict, matmul, argv=None
     parser.add_argument("--peer", action="store_true",
                         help="also time the Triton kernel torch.compile makes of torch._scaled_mm (per-tensor, row-wise)")
     args = parser.parse_args(argv)
+    tables = [("per-tensor and row-wise", kernels)] + ([("block-wise", blockwise_kernels)] if blockwise_kernels else [])
     arch = None
     try:
         arch = None if args.compile_only else gpu_arch()
+        if arch is not None:
+            for _, table in tables:
+                table[arch]  # noqa: B018  (UnsupportedGPUError: this GPU has no kernel of this version)
     except UnsupportedGPUError as reason:
+        if arch is not None:
+            print(f"{reason}", flush=True)
+            return 1
         print(f"No Hopper or Blackwell GPU here ({reason}): building {version} instead (compile-only).", flush=True)
     if arch is None:
         failed = 0
-        for name, table in (("per-tensor and row-wise", kernels), ("block-wise", blockwise_kernels)):
+        for name, table in tables:
             for arch_name, script_cls in table.items():
                 print(f"{name}: {script_cls.__name__} for {ARCHS[arch_name].sm}", flush=True)
                 results = build.build_schedules(script_cls, arch_name, call_args=kernel_args(
                     4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132))
                 failed += sum(not r.ok for r in results)
         return 1 if failed else 0
-    by_scaling = {"tensor": kernels[arch], "row": kernels[arch], "block": blockwise_kernels[arch]}
+    by_scaling = {"tensor": kernels[arch], "row": kernels[arch]} | (
+        {"block": blockwise_kernels[arch]} if blockwise_kernels else {})
     if args.check_only:
-        return check(matmul, by_scaling, args.sizes or CHECK_SIZES, args.timeout)
+        return check(version, matmul, by_scaling, args.sizes or CHECK_SIZES, args.timeout)
     import importlib
 
+    own = [s for s in by_scaling if VERSION_OF[s] == version]
+    fp8 = {s: (f"{version} {s}", matmul, by_scaling[s]) for s in own}
+    if "tensor" not in own:  # block-wise is also judged against the per-tensor kernel, where torch has no block-wise
+        module = importlib.import_module(f"matmul_{VERSION_OF['tensor']}")
+        fp8 = {"tensor": (f"{VERSION_OF['tensor']} tensor", module.matmul, module.KERNELS[arch])} | fp8
     path = RESULTS_DIR / f"{gpu_label()}_fp8.csv"
-    rows = benchmark(matmul, by_scaling, importlib.import_module("matmul_v6").matmul, args.sizes or SIZES, args.repeat,
+    rows = benchmark(fp8, importlib.import_module(f"matmul_{BF16_VERSION}").matmul, args.sizes or SIZES, args.repeat,
                      args.timeout, on_size=lambda size_rows: save_rows(size_rows, path), peer=args.peer)
+    from support import provenance
+
+    for name in {VERSION_OF[s] for s in fp8} | {BF16_VERSION}:  # the programs these rows were measured with
+        provenance.record(name, provenance.hashes(f"matmul_{name}"))
     print(text_table(["size", "regime", "contender", "ms", "TFLOPS", "% of same on cuBLAS", "spread", "% of copy BW",
                   "rel. error", "schedule"],
                  [["x".join(str(r[d]) for d in "mnk"), r.get("regime", "-"), r["version"], r.get("ms", "-"),

@@ -2,11 +2,11 @@
 
     from support.torch_op import Linear, op, prepare, swap_linears
 
-    c = op("v6")(a, b)  # torch.ops.tilus_gemm.v6: a @ b.T, a (M x K), b (N x K)
-    swapped, kept = swap_linears(model, "v6")  # every eligible nn.Linear, in place, parameters shared
-    layer = Linear(4096, 14336, bias=False, version="v6", device="cuda")
+    c = op("v9")(a, b)  # torch.ops.tilus_gemm.v9: a @ b.T, a (M x K), b (N x K)
+    swapped, kept = swap_linears(model, "v9")  # every eligible nn.Linear, in place, parameters shared
+    layer = Linear(4096, 14336, bias=False, version="v9", device="cuda")
 
-- ``op("v6")`` is ``torch.ops.tilus_gemm.v6``: ``(a, b) -> a @ b.T`` through ``matmul_v6.matmul``,
+- ``op("v9")`` is ``torch.ops.tilus_gemm.v9``: ``(a, b) -> a @ b.T`` through ``matmul_v9.matmul``,
   registered with ``torch.library.custom_op`` on first use. Its fake implementation gives
   the output's shape and dtype, so ``torch.compile(fullgraph=True)`` traces a model that
   calls it without a graph break, and CUDA graphs (``mode="reduce-overhead"``) capture
@@ -32,7 +32,7 @@ DTYPES = (torch.float16, torch.bfloat16)
 _ops: dict[str, object] = {}
 
 
-def op(version: str = "v6"):
+def op(version: str = "v9"):
     """``torch.ops.tilus_gemm.<version>``: a @ b.T through that version's kernels, registered once."""
     if version in _ops:
         return _ops[version]
@@ -86,7 +86,7 @@ def ineligible(in_features: int, out_features: int, dtype: torch.dtype) -> str |
 class Linear(nn.Module):
     """``y = x @ weight.T + bias`` through a version's op, for x of shape (..., in_features)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, version: str = "v6",
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, version: str = "v9",
                  device=None, dtype=torch.bfloat16):
         super().__init__()
         reason = ineligible(in_features, out_features, dtype)
@@ -99,7 +99,7 @@ class Linear(nn.Module):
         nn.Linear.reset_parameters(self)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, version: str = "v6") -> "Linear":
+    def from_linear(cls, linear: nn.Linear, version: str = "v9") -> "Linear":
         """A Linear on the same parameters (shared, not copied)."""
         module = cls(linear.in_features, linear.out_features, bias=False, version=version, device="meta",
                      dtype=linear.weight.dtype)
@@ -118,7 +118,7 @@ class Linear(nn.Module):
                f"version={self.version}"
 
 
-def swap_linears(model: nn.Module, version: str = "v6") -> tuple[list[str], dict[str, str]]:
+def swap_linears(model: nn.Module, version: str = "v9") -> tuple[list[str], dict[str, str]]:
     """Replace every eligible ``nn.Linear`` of ``model`` by a ``Linear`` on its parameters, in place.
 
     Returns the names swapped and, for each ``nn.Linear`` left as it was, why.

@@ -4,13 +4,17 @@ import re
 
 import pytest
 
-from support import build, cache, gpu
+from support import build, cache, gpu, versions
 
-# the 16-bit versions, which share one calling contract; v7 (fp8, with scales) has tests/test_v7.py
-VERSIONS = sorted(path.stem for path in cache.REPO.glob("matmul_v*.py") if path.stem != "matmul_v7")
-# v6's stream-K 128 x 256 in clusters of two: the schedule with the producer/consumer register split
-REGISTER_SPLIT_SCHEDULE = dict(block_m=128, block_n=256, block_k=64, stages=4, group_m=8, cluster_m=2, swap_ab=False,
-                               stream_k=True)
+# the 16-bit versions of the lesson (Hopper), which share one calling contract; the fp8 ones (v10, v11)
+# have tests/test_fp8.py
+VERSIONS = versions.sixteen_bit()
+# the 16-bit Blackwell versions (blackwell/), numbered as the Hopper version of the same idea
+BLACKWELL_VERSIONS = [name for name in versions.blackwell() if not versions.is_fp8(name)]
+# every 16-bit kernel, as (module, architecture): the lesson's on Hopper, blackwell/'s on Blackwell
+KERNEL_MODULES = [(name, "hopper") for name in VERSIONS] + [(name, "blackwell") for name in BLACKWELL_VERSIONS]
+# v8's stream-K 128 x 256 in clusters of two: the schedule with the producer/consumer register split
+REGISTER_SPLIT_SCHEDULE = dict(block_m=128, block_n=256, block_k=64, stages=4, group_m=8, cluster_m=2, stream_k=True)
 ARCHS = sorted(gpu.ARCHS)
 
 

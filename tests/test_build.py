@@ -5,14 +5,12 @@ import re
 
 import pytest
 import tilus
-from conftest import ARCHS, REGISTER_SPLIT_SCHEDULE, VERSIONS, overlaps, shared_memory_map
+from conftest import BLACKWELL_VERSIONS, KERNEL_MODULES, REGISTER_SPLIT_SCHEDULE, VERSIONS, overlaps, shared_memory_map
 
 from support import build, dispatch, gpu
 
-pytestmark = pytest.mark.parametrize("arch", ARCHS)
 
-
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version, arch", KERNEL_MODULES)
 def test_every_schedule_builds(built, version, arch):
     # tilus' autotuner silently drops schedules that fail to build: count them here
     results = built(version, arch)
@@ -22,7 +20,7 @@ def test_every_schedule_builds(built, version, arch):
     assert not failed, f"{kernel.__name__} schedules that do not build for {gpu.ARCHS[arch].sm}: {failed}"
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version, arch", KERNEL_MODULES)
 def test_tensor_core_instructions_no_local_memory_no_ptxas_warnings(built, version, arch):
     instruction = gpu.ARCHS[arch].mma_instruction
     for r in built(version, arch):
@@ -35,23 +33,21 @@ def test_tensor_core_instructions_no_local_memory_no_ptxas_warnings(built, versi
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_each_wgmma_is_as_wide_as_the_tile(built, version, arch):
+def test_each_wgmma_is_as_wide_as_the_tile(built, version):
     # compat defect 7: without its workaround a 224-column tile issues seven 32-wide wgmmas
-    if arch != "hopper":
-        pytest.skip("wgmma is Hopper's")
-    for r in built(version, arch):
+    for r in built(version, "hopper"):
         widths = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k", (r.module_dir / "source.ptx").read_text()))
         assert widths == {str(r.schedule["block_n"])}, f"{dispatch.format_schedule(r.schedule)}: wgmma N {widths}"
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version, arch", KERNEL_MODULES)
 def test_bf16_builds_with_bf16_tensor_core_instructions(version, arch):
     # one kernel source per architecture, built for bf16 by its dtype argument. The newest
     # version's every tile, ring and cluster at its first group_m (group_m only sets the tile
     # order's divisors), the first schedule of each other: all of them would double CI's builds
     kernel = importlib.import_module(version).KERNELS[arch]
     group_ms = kernel._autotune_space.get("group_m", [None])
-    newest = version == VERSIONS[-1]
+    newest = version == (VERSIONS if arch == "hopper" else BLACKWELL_VERSIONS)[-1]
     results = build.build_schedules(kernel, arch, progress=lambda line: None, script_kwargs={"dtype": tilus.bfloat16},
                                     limit=None if newest else 1,
                                     select=(lambda schedule: schedule.get("group_m") == group_ms[0]) if newest else None)
@@ -71,19 +67,17 @@ def test_bf16_builds_with_bf16_tensor_core_instructions(version, arch):
             assert descriptors and all((d >> 7) & 7 == 1 and (d >> 10) & 7 == 1 for d in descriptors), descriptors
 
 
-def test_register_split_keeps_setmaxnreg(built, arch):
-    # v6's stream-K 128 x 256 schedule splits the registers (a producer warpgroup at 40, the
+def test_register_split_keeps_setmaxnreg(built):
+    # v8's stream-K 128 x 256 schedule splits the registers (a producer warpgroup at 40, the
     # consumers at 232): ptxas must keep every setmaxnreg (no C7508; the space-wide tests also
     # refuse any warning and spill), which needs compat defect 5's minimum-blocks hint
-    if arch != "hopper":
-        pytest.skip("setmaxnreg is a Hopper (sm_90a) technique here")
-    (r,) = [r for r in built("matmul_v6", arch) if r.schedule.items() >= REGISTER_SPLIT_SCHEDULE.items()]
+    (r,) = [r for r in built("matmul_v8", "hopper") if r.schedule.items() >= REGISTER_SPLIT_SCHEDULE.items()]
     ptx = (r.module_dir / "source.ptx").read_text()
     assert "setmaxnreg.dec.sync.aligned.u32 40" in ptx and "setmaxnreg.inc.sync.aligned.u32 232" in ptx
     assert "__launch_bounds__(384, 1)" in (r.module_dir / "source.cu").read_text()
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version, arch", KERNEL_MODULES)
 def test_shared_memory_fits_what_the_kernel_uses(built, version, arch):
     # tilus 0.2.0 could under-allocate shared memory (Blackwell) and could put barriers on
     # top of tiles (compat defect 3): check each kernel's map of shared memory
@@ -95,7 +89,7 @@ def test_shared_memory_fits_what_the_kernel_uses(built, version, arch):
         assert not any(overlaps(tile, barriers) for tile in tiles), (schedule, tiles, barriers)
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version, arch", KERNEL_MODULES)
 def test_launch_function_sets_the_shared_memory_limit_once_per_device(built, version, arch):
     # compat defect 6: tilus 0.2.0 asks the driver twice on every call
     for r in built(version, arch):

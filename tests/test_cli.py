@@ -4,7 +4,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import VERSIONS, no_gpu_reason
+import importlib
+
+from conftest import KERNEL_MODULES, no_gpu_reason
 
 from support import cache, cli, dispatch, gpu
 
@@ -21,10 +23,11 @@ def test_parse_size(text, size):
 
 
 def run_in_process(version: str, capsys, *args: str) -> tuple[int, str, str]:
-    """cli.main as ``python {version}.py args`` runs it, in this process (no second import of torch and tilus)."""
-    module = __import__(version)
+    """cli.main as ``python {version}.py args`` runs it, in this process (no second import of torch and tilus);
+    ``version`` a module name, 'matmul_v5' or 'blackwell.matmul_v5'."""
+    module = importlib.import_module(version)
     try:
-        status = cli.main(version.removeprefix("matmul_"), module.KERNELS, module.matmul, list(args))
+        status = cli.main(module.KERNELS.version, module.KERNELS, module.matmul, list(args))
     except SystemExit as exit_:  # argparse's usage errors
         status = exit_.code
     captured = capsys.readouterr()
@@ -51,14 +54,23 @@ def test_unknown_dtype_is_a_usage_error():
     assert "argument --dtype: invalid choice: 'fp32'" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("arch", sorted(gpu.ARCHS))
+@pytest.mark.parametrize("version, arch", KERNEL_MODULES)
 def test_compile_only(version, arch, built, capsys):
     built(version, arch)  # reuse the session's builds: the CLI finds them in the same cache
     status, out, err = run_in_process(version, capsys, "--compile-only", "--arch", arch)
     assert status == 0, out + err
-    count = dispatch.space_size(__import__(version).KERNELS[arch])
+    count = dispatch.space_size(importlib.import_module(version).KERNELS[arch])
     assert f"{count}/{count} schedules built with {gpu.ARCHS[arch].mma_instruction}" in out
+
+
+@pytest.mark.parametrize("version, arch, script", [
+    ("matmul_v6", "blackwell", "blackwell/matmul_v5.py"), ("matmul_v7", "blackwell", "blackwell/matmul_v5.py"),
+    ("blackwell.matmul_v8", "hopper", "matmul_v8.py"),
+])
+def test_compile_only_names_the_script_where_an_idea_has_no_kernel_for_the_architecture(version, arch, script, capsys):
+    # v6's and v7's ideas (the swizzled store, clusters) have no Blackwell kernel; blackwell/ has no Hopper one
+    status, out, err = run_in_process(version, capsys, "--compile-only", "--arch", arch)
+    assert status == 1 and script in out and "Traceback" not in out + err, out + err
 
 
 @pytest.mark.skipif(no_gpu_reason() is None, reason="this machine has a Hopper or Blackwell GPU: the version runs instead")

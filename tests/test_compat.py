@@ -51,18 +51,18 @@ def test_defect_1_hopper_tma_load_gets_blackwell_qualifier(tmp_path):
     assert "Feature '.cta_group::1' not supported on .target 'sm_90a'" in result["error"]
 
 
-V5_CLUSTER = dict(block_m=128, block_n=256, block_k=64, stages=4, group_m=16, cluster_m=2)
+V7_CLUSTER = dict(block_m=128, block_n=256, block_k=64, stages=4, group_m=16, cluster_m=2)
 
 
 def test_defect_1_also_in_the_multicast_load(tmp_path):
-    (result,) = build_as_released("hopper_tma_multicast_cta_group", "matmul_v5", "hopper", tmp_path, V5_CLUSTER)
+    (result,) = build_as_released("hopper_tma_multicast_cta_group", "matmul_v7", "hopper", tmp_path, V7_CLUSTER)
     assert "Feature '.cta_group::1' not supported on .target 'sm_90a'" in result["error"]
 
 
 def test_defect_5_kernels_carry_no_min_blocks_hint(tmp_path):
     # ptxas needs the hint to know a thread's registers at entry, or it may ignore setmaxnreg
-    # ("(C7508) 'setmaxnreg' ignored"); v6's register split is built here with the hint left out
-    (result,) = build_as_released("kernel_min_blocks", "matmul_v6", "hopper", tmp_path, REGISTER_SPLIT_SCHEDULE)
+    # ("(C7508) 'setmaxnreg' ignored"); v8's register split is built here with the hint left out
+    (result,) = build_as_released("kernel_min_blocks", "matmul_v8", "hopper", tmp_path, REGISTER_SPLIT_SCHEDULE)
     assert not result["error"], result["error"]
     source = open(os.path.join(result["module_dir"], "source.cu")).read()
     assert "__launch_bounds__(384) " in source and "__launch_bounds__(384, 1)" not in source
@@ -81,8 +81,8 @@ def test_defect_6_launch_function_sets_the_shared_memory_limit_twice_per_call(tm
 
 
 def test_defect_7_a_224_column_wgmma_is_issued_as_seven_narrow_ones(tmp_path):
-    schedule = dict(block_m=128, block_n=224, block_k=64, stages=4, group_m=8, cluster_m=1)
-    (result,) = build_as_released("wgmma_whole_n", "matmul_v5", "hopper", tmp_path, schedule)
+    schedule = dict(block_m=128, block_n=224, block_k=64, stages=4, group_m=8)
+    (result,) = build_as_released("wgmma_whole_n", "matmul_v6", "hopper", tmp_path, schedule)
     assert not result["error"], result["error"]
     ptx = open(os.path.join(result["module_dir"], "source.ptx")).read()
     shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
@@ -102,7 +102,7 @@ def test_defect_8_an_fp8_accumulator_gets_four_adjacent_columns_a_thread():
 
 def test_defect_2_loop_invariant_hoisting_asserts(tmp_path):
     # it depends on what the process transpiled before, so build the whole space as CI does
-    results = build_as_released("hoisting_empty_let", "matmul_v2", "blackwell", tmp_path)
+    results = build_as_released("hoisting_empty_let", "blackwell.matmul_v2", "blackwell", tmp_path)
     assert any("hoist_loop_invariants" in r["error"] and "AssertionError" in r["error"] for r in results)
 
 

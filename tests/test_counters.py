@@ -171,7 +171,10 @@ def test_version_lines_from_a_small_csv(tmp_path):
         v3={"ms_median": "0.25", "tensor_pipe_pct": "80", "dram_read_bytes": str(170 * MiB),
             "model_read_bytes": str(166 * MiB)},
         v4={"ms_median": "0.24", "dram_read_bytes": str(140.4 * MiB), "model_read_bytes": str(142 * MiB)},
-        v5={"ms_median": "0.18", "tensor_pipe_pct": "93.05", "smem_conflicts_st": "10030"}))
+        v5={"ms_median": "0.22", "tensor_pipe_pct": "85.04"},
+        v6={"ms_median": "0.2", "tensor_pipe_pct": "90", "smem_conflicts_st": "10030"},
+        v7={"ms_median": "0.18", "tensor_pipe_pct": "93.05", "dram_read_bytes": str(120 * MiB),
+            "model_read_bytes": str(118 * MiB)}))
     rows = counters.read_rows(csv_path)
     head = ("**Measured** (H100 80GB HBM3, fp16, 4096³, median of 30 runs; "
             "[counters](results.md#counters)). ")
@@ -184,9 +187,14 @@ def test_version_lines_from_a_small_csv(tmp_path):
                                 "Why: tensor pipe busy 75.1% → 80.0% of active cycles.")
     assert lines["v4"].endswith("Time: 0.2500 → 0.2400 ms against v3 (-4.0%). "
                                 "Why: DRAM read 170 → 140 MiB (traffic model 166 → 142).")
-    assert lines["v5"].endswith("Time: 0.2400 → 0.1800 ms against v4 (-25.0%). "
+    assert lines["v5"].endswith("Time: 0.2400 → 0.2200 ms against v4 (-8.3%). "
+                                "Why: tensor pipe busy 81.4% → 85.0% of active cycles.")
+    assert lines["v6"].endswith("Time: 0.2200 → 0.2000 ms against v5 (-9.1%). "
                                 "Why: shared-memory store bank conflicts 524288 → 10030; "
-                                "tensor pipe busy 81.4% → 93.0% of active cycles.")
+                                "tensor pipe busy 85.0% → 90.0% of active cycles.")
+    assert lines["v7"].endswith("Time: 0.2000 → 0.1800 ms against v6 (-10.0%). "
+                                "Why: DRAM read 150 → 120 MiB (traffic model 142 → 118); "
+                                "tensor pipe busy 90.0% → 93.0% of active cycles.")
     assert all("\n" not in line for line in lines.values())
 
     pages = []

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 # square sizes the results are quoted at, shapes that are not tile multiples, one whose
 # grouped tile order divides by 7 and 5 (fast_divmod, compat defect 4), decode (M = 1, 16), and
-# tile counts just past a multiple of 132 SMs with K no multiple of 64 (v6's stream-K and exact K:
+# tile counts just past a multiple of 132 SMs with K no multiple of 64 (v8's stream-K and exact K:
 # 272 tiles of 128 x 256, 544 of 128 x 128, 33 K blocks, the last one partial)
 SHAPES = ["4096", "8192", "1000x1016x1024", "129x264x72", "3000x520x4104", "7x8x8", "640x1792x128",
           "1x4096x4096", "16x14336x4104", "2176x4096x2056"]
@@ -205,14 +205,15 @@ for compiled, index in zip(jit.compiled_programs, jit.valid_schedules):
     assert len(lines) == 4 * len(GRIDS) and all(line.endswith(" ok") for line in lines), output
 
 
-def test_stream_k_is_bitwise_deterministic_and_leaves_the_workspace_clean():
-    # v6's fix-up adds partial sums in a fixed order: ten runs of every stream-K schedule give the
+@pytest.mark.parametrize("version", ["matmul_v8", "matmul_v9"])
+def test_stream_k_is_bitwise_deterministic_and_leaves_the_workspace_clean(version):
+    # v8's fix-up adds partial sums in a fixed order: ten runs of every stream-K schedule give the
     # same bits, on shapes whose units are split over several SMs (decode, skinny, the hybrid's
     # last waves, an exact K tail), and every launch leaves the flags at 0 for the next
-    output = run_probe("""
-import torch, matmul_v6
+    output = run_probe(f"""
+import torch, {version} as version
 from support import dispatch, gpu, measure
-kernel = matmul_v6.KERNELS[gpu.gpu_arch()]
+kernel = version.KERNELS[gpu.gpu_arch()]
 jit = dispatch.jit_instance(kernel, 4096, 4096, 4096)
 jit.programs()
 for compiled, index in zip(jit.compiled_programs, jit.valid_schedules):
@@ -231,7 +232,7 @@ for compiled, index in zip(jit.compiled_programs, jit.valid_schedules):
             out.fill_(float("nan"))
             func(*args)
             same = same and torch.equal(out, first)
-        measure.sync_or_exit(f"{kernel.__name__} {dispatch.format_schedule(schedule)} at {m}x{n}x{k}", 60)
+        measure.sync_or_exit(f"{{kernel.__name__}} {{dispatch.format_schedule(schedule)}} at {{m}}x{{n}}x{{k}}", 60)
         ok = same and measure.passes(measure.relative_error(first, ref), a.dtype)
         print(m, n, k, dispatch.format_schedule(schedule), "ok" if ok else "DIFFERENT")
 flags = args[7]
@@ -241,7 +242,7 @@ print("flags clean" if int(flags.abs().sum()) == 0 else "FLAGS LEFT SET")
 
 
 def test_stream_k_gives_every_k_block_to_one_worker_and_its_owner_the_sharers():
-    # v6's StreamKTileScheduler on grids below, at and past a whole number of waves, K blocks from
+    # v8's StreamKTileScheduler on grids below, at and past a whole number of waves, K blocks from
     # 1 to more than a tile's share: each K block of each tile goes to the worker the range
     # arithmetic says; a tile's K blocks go to its owner (the worker with its last block) and at most
     # max_sharers consecutive sharers below it (MAX_SHARERS, and 1 for Hopper's 128 x 256), and the owner names the lowest

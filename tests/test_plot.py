@@ -199,23 +199,24 @@ def test_ratio_and_spread_compare_each_round_with_cublas_in_the_same_round():
 
 
 def test_fp8_tables_render_each_scaling_and_the_triton_peer(tmp_path):
-    # matmul_v7.py --peer's rows at one size: v7, cuBLAS and Triton per scaling, v6 and cuBLAS in bf16
+    # matmul_v10.py --peer's and matmul_v11.py's rows at one size: v10 and v11, cuBLAS and Triton per scaling, v9
+    # and cuBLAS in bf16
     fp8 = COMMON | {"date": "2026-11-25"}
-    rows = [fp8 | {"version": v, "dtype": "fp8 " + v.split()[-1] if "fp8" in v or "v7" in v else "bf16",
+    rows = [fp8 | {"version": v, "dtype": "fp8 " + v.split()[-1] if " " in v else "bf16",
                    "regime": regime, "m": 4096, "n": 4096, "k": 4096, "ms": ms, "tflops": tf, "pct_of_cublas": pct,
                    "pct_spread": "2.0", "pct_of_bandwidth": "15", "rel_err": "1.7e-03"}
             for regime in ("burst", "back-to-back")
-            for v, ms, tf, pct in [("v7 tensor", "0.11", "1249", "95.5"), ("cublas fp8 tensor", "0.105", "1309", "170"),
-                                   ("triton fp8 tensor", "0.14", "982", "75.0"), ("v7 row", "0.11", "1249", "101.0"),
+            for v, ms, tf, pct in [("v10 tensor", "0.11", "1249", "95.5"), ("cublas fp8 tensor", "0.105", "1309", "170"),
+                                   ("triton fp8 tensor", "0.14", "982", "75.0"), ("v10 row", "0.11", "1249", "101.0"),
                                    ("cublas fp8 row", "0.111", "1238", "160"), ("triton fp8 row", "0.148", "929", "75.1"),
-                                   ("v7 block", "0.17", "808", "65.4"), ("cublas fp8 block", "0.112", "1227", "157"),
-                                   ("v6", "0.22", "625", "99.0"), ("cublas", "0.176", "781", "100")]]
+                                   ("v11 block", "0.17", "808", "65.4"), ("cublas fp8 block", "0.112", "1227", "157"),
+                                   ("v9", "0.22", "625", "99.0"), ("cublas", "0.176", "781", "100")]]
     write_fixture(tmp_path / "h100_fp8.csv", rows)
     doc = tmp_path / "page.md"
     doc.write_text("<!-- fp8 h100 large -->\n<!-- /fp8 -->\n<!-- fp8 h100 peer -->\nstale\n<!-- /fp8 -->\n")
     plot.update_documents(csv_dir=tmp_path, documents=[doc])
     text = doc.read_text()
-    # v7 tensor against cuBLAS per-tensor, ± half the spread; v7 per-tensor 0.22 / 0.11 = 2.00x v6
+    # v10 tensor against cuBLAS per-tensor, ± half the spread; v10 per-tensor 0.22 / 0.11 = 2.00x v9
     assert "| 4096x4096x4096 | burst | 781 / 625 | 1,309 / 1,249 (95.5% ±1.0) |" in text
     assert "808 (65.4% ±1.0) | 2.00x |" in text
     assert "stale" not in text
@@ -223,4 +224,4 @@ def test_fp8_tables_render_each_scaling_and_the_triton_peer(tmp_path):
 
 
 def test_fp8_peer_table_says_when_not_measured():
-    assert plot.fp8_peer_table([]).startswith("Not measured yet: `python matmul_v7.py --peer`")
+    assert plot.fp8_peer_table([]).startswith("Not measured yet: `python matmul_v10.py --peer`")

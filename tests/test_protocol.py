@@ -14,7 +14,7 @@ reserved shared memory), so every schedule must pass.
 import re
 
 import pytest
-from conftest import ARCHS, VERSIONS
+from conftest import ARCHS, BLACKWELL_VERSIONS, KERNEL_MODULES, VERSIONS
 
 from support import protocol
 
@@ -23,8 +23,7 @@ def violations(r, arch):
     return protocol.check_build(r, arch)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version, arch", KERNEL_MODULES)
 def test_every_schedule_follows_the_protocol(built, version, arch):
     found = [str(v) for r in built(version, arch) for v in violations(r, arch)]
     assert not found, "\n".join(found)
@@ -36,7 +35,7 @@ def test_every_schedule_follows_the_protocol(built, version, arch):
 
 def blackwell_kernel(built):
     """The newest version's first Blackwell schedule (persistent from v5 on)."""
-    return built(VERSIONS[-1], "blackwell")[0]
+    return built(BLACKWELL_VERSIONS[-1], "blackwell")[0]
 
 
 def hopper_cluster_kernel(built):
@@ -135,7 +134,7 @@ def test_planted_alloc_not_a_power_of_two(built):
 
 def test_planted_tmem_oversubscribed(built):
     # the same columns with a tenth of the shared memory: more blocks resident than TMEM holds
-    r = next(r for r in built(VERSIONS[-1], "blackwell") if r.schedule["block_n"] == 256)
+    r = next(r for r in built(BLACKWELL_VERSIONS[-1], "blackwell") if r.schedule["block_n"] == 256)
     source, _ = texts(r)
     launch = f", {r.dynamic_smem}, (cudaStream_t)"
     messages = fires("tmem-columns", r, "blackwell", plant(source, launch, f", {r.dynamic_smem // 10}, (cudaStream_t)"))

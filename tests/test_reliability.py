@@ -34,7 +34,7 @@ import filelock
 import pytest
 import tilus
 import torch
-from conftest import ARCHS, VERSIONS, child_env
+from conftest import KERNEL_MODULES, VERSIONS, child_env
 
 from support import build, cache, cli, dispatch, gpu, measure
 
@@ -143,8 +143,7 @@ def size_text(shape) -> str:
     return "x".join(map(str, shape))
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version, arch", KERNEL_MODULES)
 def test_random_shapes_are_valid_seeded_and_reach_every_edge(version, arch):
     tiles = tile_sizes(importlib.import_module(version).KERNELS[arch])
     block_m, block_n, block_k = tiles["block_m"], tiles["block_n"], tiles["block_k"]

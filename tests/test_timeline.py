@@ -446,7 +446,7 @@ def test_v5_overlap_finishes_the_same_work_earlier(steps):
 
 def test_the_v5_figure_has_both_schedules():
     (_, _, subtitle, panels), = (f for f in timeline.figures() if f[0] == "timeline_v5")
-    assert [title.split(":")[0] for _, _, title in panels] == ["v5", "EpilogueNotOverlappedV5"]
+    assert [title.split(":")[0] for _, _, title in panels] == ["v5", "as in v4"]
     assert all(lanes == (timeline.PRODUCER, TMA, TC) + timeline.CONSUMERS for _, lanes, _ in panels)
     text = " ".join(subtitle)
     assert f"{timeline.EPILOGUE_WRITE} cycles" in text and f"{V5_TILES} tiles of {V5_STEPS} K steps" in text

@@ -32,7 +32,7 @@ def test_gradients_have_the_operands_shapes_where_m_is_no_multiple_of_8():
     with FakeTensorMode():
         a = torch.empty(37, 64, dtype=torch.bfloat16, requires_grad=True)
         b = torch.empty(24, 64, dtype=torch.bfloat16, requires_grad=True)
-        torch_op.op("v6")(a, b).sum().backward()
+        torch_op.op("v9")(a, b).sum().backward()
         assert (tuple(a.grad.shape), tuple(b.grad.shape)) == ((37, 64), (24, 64))
 
 
@@ -48,7 +48,7 @@ class Mixed(nn.Module):
 def test_swap_touches_exactly_the_eligible_linears_and_shares_their_parameters():
     model = Mixed()
     up_weight = model.up.weight
-    swapped, kept = torch_op.swap_linears(model, "v6")
+    swapped, kept = torch_op.swap_linears(model, "v9")
     assert swapped == ["up", "block.0"]
     assert kept == {"odd": "in_features 60 is not a multiple of 8 (TMA needs 16-byte rows)",
                     "fp32": "dtype torch.float32 (the kernels take fp16 and bf16)"}
@@ -76,11 +76,11 @@ def tiny_llama():
 def test_a_tiny_llama_traces_whole_with_every_linear_on_the_op():
     # torch.export in strict mode traces through dynamo with fake tensors: one graph, no break
     config, model = tiny_llama()
-    swapped, kept = torch_op.swap_linears(model, "v6")
+    swapped, kept = torch_op.swap_linears(model, "v9")
     assert len(swapped) == 2 * 7 + 1 and kept == {}  # q, k, v, o, gate, up, down per layer, and the LM head
     ids = torch.randint(0, config.vocab_size, (2, 16))
     program = torch.export.export(model, (ids,), kwargs={"use_cache": False}, strict=True)
-    assert sum("tilus_gemm.v6" in str(node.target) for node in program.graph.nodes) == len(swapped)
+    assert sum("tilus_gemm.v9" in str(node.target) for node in program.graph.nodes) == len(swapped)
 
 
 # --- on a GPU -----------------------------------------------------------------------------------------
@@ -94,7 +94,7 @@ def test_op_matches_torch_and_its_gradients_match_torchs(dtype):
         a = torch.randn(m, k, device="cuda", dtype=dtype, requires_grad=True)
         b = torch.randn(n, k, device="cuda", dtype=dtype, requires_grad=True)
         grad = torch.randn(m, n, device="cuda", dtype=dtype)
-        c = torch_op.op("v6")(a, b)
+        c = torch_op.op("v9")(a, b)
         c.backward(grad)
         assert relative_error(c, a.detach().float() @ b.detach().float().T) <= REL_ERR_TOL[dtype]
         assert relative_error(a.grad, grad.float() @ b.detach().float()) <= REL_ERR_TOL[dtype]
@@ -105,7 +105,7 @@ def test_op_matches_torch_and_its_gradients_match_torchs(dtype):
 def test_compiled_whole_and_replayed_from_a_cuda_graph():
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)).to("cuda", torch.bfloat16)
-    swapped, _ = torch_op.swap_linears(mlp, "v6")
+    swapped, _ = torch_op.swap_linears(mlp, "v9")
     assert len(swapped) == 2
     torch._dynamo.reset()
     compiled = torch.compile(mlp, fullgraph=True, mode="reduce-overhead")
@@ -141,6 +141,6 @@ def test_a_tiny_llama_on_the_op_gives_the_cublas_logits():
     ids = torch.randint(0, config.vocab_size, (2, 16), device="cuda")
     with torch.no_grad():
         reference = model(input_ids=ids, use_cache=False).logits.float()
-        torch_op.swap_linears(model, "v6")
+        torch_op.swap_linears(model, "v9")
         logits = model(input_ids=ids, use_cache=False).logits.float()
     assert relative_error(logits, reference) <= 2e-2

@@ -1,5 +1,5 @@
-"""v7, fp8 e4m3 with scales: the kernels build (CPU), the host side's quantize, scaling and input rules (CPU),
-and the product on a GPU (marked `gpu`; skipped with the reason where there is none)."""
+"""v10 and v11, fp8 e4m3 with scales: the kernels build (CPU), the host side's quantize, scaling and input rules
+(CPU), and the product on a GPU (marked `gpu`; skipped with the reason where there is none)."""
 
 import functools
 import math
@@ -10,21 +10,31 @@ import pytest
 import tilus
 import torch
 
-import matmul_v7
+import matmul_v10
+import matmul_v11
 from support import build, cache, dispatch, gpu, measure, protocol, scaled
 from test_gpu import run_child
 from test_reliability import SANITIZER
 
 FP8 = torch.float8_e4m3fn
-KERNEL_TABLES = ["KERNELS", "BLOCKWISE_KERNELS"]  # per-tensor and row-wise; block-wise
+# v10's per-tensor and row-wise kernels; v11's copy of them, and its block-wise kernels
+KERNEL_TABLES = ["matmul_v10.KERNELS", "matmul_v11.KERNELS", "matmul_v11.BLOCKWISE_KERNELS"]
+MODULES = {"matmul_v10": matmul_v10, "matmul_v11": matmul_v11}
+# each scaling's version (support/scaled.py: VERSION_OF) and its kernel table
+MATMUL = {"tensor": matmul_v10, "row": matmul_v10, "block": matmul_v11}
 # pointers as 0 and unit scale strides: the strides are kernel arguments, not compiled in
 BUILD_ARGS = scaled.kernel_args(4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132)
 
 
+def kernel_table(table: str) -> dict:
+    """'matmul_v11.BLOCKWISE_KERNELS' -> that module's table."""
+    module, name = table.split(".")
+    return getattr(MODULES[module], name)
+
+
 @functools.cache  # each kernel's whole space once per session: 10-20 s each, CI has 2 cores
 def built(table: str, arch: str = "hopper") -> list[build.BuildResult]:
-    return build.build_schedules(getattr(matmul_v7, table)[arch], arch, progress=lambda line: None,
-                                 call_args=BUILD_ARGS)
+    return build.build_schedules(kernel_table(table)[arch], arch, progress=lambda line: None, call_args=BUILD_ARGS)
 
 
 def describe(r: build.BuildResult, arch: str = "hopper") -> str:
@@ -35,7 +45,7 @@ def describe(r: build.BuildResult, arch: str = "hopper") -> str:
 @pytest.mark.parametrize("table", KERNEL_TABLES)
 def test_every_schedule_builds(table, arch):
     # tilus' autotuner silently drops schedules that fail to build: count them here
-    kernel = getattr(matmul_v7, table)[arch]
+    kernel = kernel_table(table)[arch]
     results = built(table, arch)
     assert len(results) == dispatch.space_size(kernel)
     failed = [describe(r, arch) for r in results if not r.ok]
@@ -55,7 +65,7 @@ def test_no_local_memory_no_ptxas_warnings(table, arch):
 @pytest.mark.parametrize("arch", ["hopper", "blackwell"])
 @pytest.mark.parametrize("table", KERNEL_TABLES)
 def test_every_schedule_follows_the_protocol(table, arch):
-    # support/protocol.py's rules, as for v1-v6 (tests/test_protocol.py); on Blackwell, where v7 never
+    # support/protocol.py's rules, as for v1-v9 (tests/test_protocol.py); on Blackwell, where fp8 never
     # runs here, they include TMEM allocation, the partials' ring's barrier counts and fences, and
     # every tcgen05.mma being kind::f8f6f4 with e4m3 operands and the tile's shape
     found = [str(v) for r in built(table, arch) for v in protocol.check_build(r, arch, operands="float8_e4m3")]
@@ -81,7 +91,7 @@ def test_output_rings_only_on_per_tensor_tiles_of_several_boxes(table):
     # tiles) each waits for all its stores (wait_group.read 0) before passing s_c on
     for r in built(table):
         ptx = (r.module_dir / "source.ptx").read_text()
-        ring = table == "KERNELS" and not r.schedule["swap_ab"] and r.schedule["block_n"] >= 128
+        ring = not table.endswith("BLOCKWISE_KERNELS") and not r.schedule["swap_ab"] and r.schedule["block_n"] >= 128
         assert ("cp.async.bulk.wait_group.read 1;" in ptx) == ring, describe(r)
         assert ("cp.async.bulk.wait_group.read 0;" in ptx) != ring, describe(r)
 
@@ -94,8 +104,8 @@ def test_fp16_output_builds_and_stores_fp16(arch):
         maps = set(re.findall(r"CU_TENSOR_MAP_DATA_TYPE_(\w+)", (r.module_dir / "source.cu").read_text()))
         return maps, set(re.findall(r"cvt\.rn\.(b?f16)(?:x2)?\.f32", (r.module_dir / "source.ptx").read_text()))
 
-    assert output_types(built("KERNELS", arch)[0]) == ({"UINT8", "BFLOAT16"}, {"bf16"})
-    (r,) = build.build_schedules(matmul_v7.KERNELS[arch], arch, progress=lambda line: None,
+    assert output_types(built("matmul_v10.KERNELS", arch)[0]) == ({"UINT8", "BFLOAT16"}, {"bf16"})
+    (r,) = build.build_schedules(matmul_v10.KERNELS[arch], arch, progress=lambda line: None,
                                  script_kwargs={"out_dtype": tilus.float16}, call_args=BUILD_ARGS, limit=1)
     assert r.ok and (r.spill_bytes, r.stack_bytes, r.ptxas_warnings) == (0, 0, []), describe(r, arch)
     assert output_types(r) == ({"UINT8", "FLOAT16"}, {"f16"})
@@ -135,7 +145,7 @@ def test_quantize(granularity, dtype):
 
 
 def test_activation_block_scales_come_m_major():
-    # v7's Hopper kernel loads a K block's row scales by TMA (one box): M-major, 16-byte aligned rows
+    # v11's Hopper kernel loads a K block's row scales by TMA (one box): M-major, 16-byte aligned rows
     _, scale = scaled.quantize(torch.randn(37, 300), "1x128")
     assert scale.stride(0) == 1 and scale.stride(1) == 40, scale.stride()
     assert scaled.m_major(scale) is scale
@@ -242,8 +252,8 @@ def call(scaling: str, m: int, n: int, k: int, out_dtype=torch.bfloat16, seed: i
     """(out, reference): matmul into a NaN-poisoned out, so any tile left unwritten fails."""
     a8, b8, sa, sb = operands(m, n, k, scaling, "cuda", seed)
     out = torch.full((m, n), math.nan, dtype=out_dtype, device="cuda")
-    assert matmul_v7.matmul(a8, b8, sa, sb, out=out) is out
-    measure.sync_or_exit(f"v7 {scaling} at {m}x{n}x{k}", 60)
+    assert MATMUL[scaling].matmul(a8, b8, sa, sb, out=out) is out
+    measure.sync_or_exit(f"{scaled.VERSION_OF[scaling]} {scaling} at {m}x{n}x{k}", 60)
     return out, scaled.reference(a8, b8, sa, sb)
 
 
@@ -255,7 +265,7 @@ def call(scaling: str, m: int, n: int, k: int, out_dtype=torch.bfloat16, seed: i
 def test_matmul_matches_the_dequantized_reference(scaling, m, n, k):
     out, ref = call(scaling, m, n, k)
     err = measure.relative_error(out, ref)
-    assert measure.passes(err, torch.bfloat16), f"v7 {scaling} at {m}x{n}x{k}: relative error {err:.3g}"
+    assert measure.passes(err, torch.bfloat16), f"{scaling} at {m}x{n}x{k}: relative error {err:.3g}"
 
 
 @pytest.mark.gpu
@@ -268,22 +278,22 @@ def test_matmul_stores_fp16(scaling):
     out, ref = call(scaling, 37, 1000, 2064, out_dtype=torch.float16, seed=1)
     err = measure.relative_error(out, ref)
     bound = torch.float16 if scaling == "block" else torch.bfloat16
-    assert out.dtype == torch.float16 and measure.passes(err, bound), f"v7 {scaling}, fp16: relative error {err:.3g}"
+    assert out.dtype == torch.float16 and measure.passes(err, bound), f"{scaling}, fp16: relative error {err:.3g}"
     a8, b8, sa, sb = operands(37, 1000, 2064, scaling, "cuda", 1)
-    assert matmul_v7.matmul(a8, b8, sa, sb, out_dtype=torch.float16).dtype == torch.float16
+    assert MATMUL[scaling].matmul(a8, b8, sa, sb, out_dtype=torch.float16).dtype == torch.float16
 
 
 @pytest.mark.gpu
 def test_blockwise_takes_k_major_activation_scales():
     # matmul copies them M-major (scaled.m_major): the same kernel, the same bits
     a8, b8, sa, sb = operands(37, 1000, 2064, "block", "cuda", 2)
-    m_major = matmul_v7.matmul(a8, b8, sa, sb)
-    assert torch.equal(matmul_v7.matmul(a8, b8, sa.contiguous(), sb), m_major)
+    m_major = matmul_v11.matmul(a8, b8, sa, sb)
+    assert torch.equal(matmul_v11.matmul(a8, b8, sa.contiguous(), sb), m_major)
 
 
 def every_schedule(scaling: str, m: int, n: int, k: int, seed: int):
     """(what, launch, args, out, reference) for every built schedule of the scaling's Hopper kernel at m x n x k."""
-    kernel = (matmul_v7.BLOCKWISE_KERNELS if scaling == "block" else matmul_v7.KERNELS)["hopper"]
+    kernel = (matmul_v11.BLOCKWISE_KERNELS if scaling == "block" else matmul_v10.KERNELS)["hopper"]
     cache.use_cache(kernel, gpu.gpu_label())
     a8, b8, sa, sb = operands(m, n, k, scaling, "cuda", seed)
     ref = scaled.reference(a8, b8, sa, sb)
@@ -340,7 +350,9 @@ def test_bad_gpu_input_is_refused_naming_the_rule(case):
     with pytest.raises(error, match=words):
         scaled.check_inputs(**inputs)
     with pytest.raises(error, match=words):
-        matmul_v7.matmul(**inputs)
+        matmul_v10.matmul(**inputs)
+    with pytest.raises(error, match=words):
+        matmul_v11.matmul(**inputs)
 
 
 @pytest.mark.gpu
@@ -349,7 +361,7 @@ def test_out_sharing_memory_with_an_input_is_refused():
     raw = torch.empty(32 * 256, dtype=torch.uint8, device="cuda")  # a's bytes, and out's from the same address
     inputs["a"] = raw.view(FP8).view(32, 256).copy_(inputs["a"])
     with pytest.raises(ValueError, match="must not share memory"):
-        matmul_v7.matmul(**inputs | {"out": raw[:32 * 64 * 2].view(torch.bfloat16).view(32, 64)})
+        matmul_v10.matmul(**inputs | {"out": raw[:32 * 64 * 2].view(torch.bfloat16).view(32, 64)})
 
 
 SANITIZER_SIZES = ["129x264x144", "1x264x144"]
@@ -362,10 +374,11 @@ CLEAN = {"memcheck": "ERROR SUMMARY: 0 errors", "racecheck": "RACECHECK SUMMARY:
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_sanitizer_clean_at_a_small_size(tool):
     # every scaling's tuned schedule: built and tuned outside the sanitizer, then picked from the cache
-    check = [sys.executable, "matmul_v7.py", "--check-only", "--sizes", *SANITIZER_SIZES]
-    run_child(check, 600)
-    output = run_child([SANITIZER, "--tool", tool, "--error-exitcode", "1", *check], 900)
-    assert CLEAN[tool] in output
+    for version in ("matmul_v10.py", "matmul_v11.py"):
+        check = [sys.executable, version, "--check-only", "--sizes", *SANITIZER_SIZES]
+        run_child(check, 600)
+        output = run_child([SANITIZER, "--tool", tool, "--error-exitcode", "1", *check], 900)
+        assert CLEAN[tool] in output, version
 
 
 # block-wise tiles never the tuned schedule at the sizes above, launched here one by one: the 192-row
@@ -375,8 +388,8 @@ SCHEDULES = """
 import sys
 sys.path[:0] = [".", "tests"]
 import torch
-import test_v7
-for what, compiled, schedule, args, out, ref in test_v7.every_schedule("block", {m}, 264, 144, seed=3):
+import test_fp8
+for what, compiled, schedule, args, out, ref in test_fp8.every_schedule("block", {m}, 264, 144, seed=3):
     if schedule[{key!r}] == {value!r}:
         compiled.get_launch_func()(*args)
         torch.cuda.synchronize()
@@ -393,3 +406,11 @@ def test_untuned_blockwise_tiles_sanitizer_clean(tool, m, key, value, count):
     child = [sys.executable, "-c", SCHEDULES.format(m=m, key=key, value=value)]
     assert run_child(child, 600).count("ran ") == count  # built outside the sanitizer
     assert CLEAN[tool] in run_child([SANITIZER, "--tool", tool, "--error-exitcode", "1", *child], 900)
+
+
+@pytest.mark.gpu
+def test_v10_refuses_block_wise_scales_naming_v11():
+    # v10 has no block-wise kernel: its matmul says which version takes those scales, and launches nothing
+    a8, b8, sa, sb = operands(32, 64, 256, "block", "cuda")
+    with pytest.raises(ValueError, match=r"v10 takes per-tensor and row-wise scales; .* matmul_v11\.matmul"):
+        matmul_v10.matmul(a8, b8, sa, sb)

@@ -1,0 +1,111 @@
+"""Which code measured a version's rows: each schedule's tilus program, hashed, in results/provenance.json.
+
+A results row names a version; the kernel that ran is the tilus program (the IR that tilus
+transpiles a schedule to, before any CUDA is generated) of one of the version's schedules.
+Its text names nothing but the kernel (after the class name, which a renamed version
+changes): hashed with that name taken out, it says whether two files hold the same kernel.
+tilus' generated CUDA is not reproducible build to build (hoisted loop invariants come out
+in a different order), so the program, not the CUDA, is compared.
+
+- ``plot.py`` and the fp8 versions' benchmark record the hashes of every version they time
+  (``record``), for the Hopper kernel, fp16 (fp8 kernels: bf16 output).
+- ``python plot.py --relabel v5=v7 --measured-at <commit>`` keeps the rows of a renamed
+  version: it hashes the old version's programs at the commit that measured them (a git
+  worktree) and the new version's on disk, renames the rows only if every schedule's hash
+  is the same, and records them.
+- tests/test_provenance.py checks that every version's recorded hashes are those of the code
+  on disk: a kernel changed since its rows were measured fails until it is measured again.
+"""
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from support.versions import REPO
+
+PATH = REPO / "results" / "provenance.json"
+# the constructor arguments that are not the schedule's: the element types
+NOT_SCHEDULE = ("dtype", "out_dtype")
+
+
+def program_hash(program) -> str:
+    """A transpiled tilus program's text, its function's name taken out, hashed."""
+    text = re.sub(r"^def \w+\(", "def kernel(", str(program), count=1)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def schedule_key(schedule: dict) -> str:
+    return " ".join(f"{key}={value}" for key, value in schedule.items() if key not in NOT_SCHEDULE)
+
+
+def hashes(module_name: str) -> dict[str, str]:
+    """{schedule: program hash} of a version's Hopper kernels, transpiled for sm_90a (nothing is compiled); v11's
+    block-wise kernel's schedules are prefixed 'block-wise'."""
+    import importlib
+
+    import tilus.target
+
+    from support import cache, dispatch, versions
+
+    module = importlib.import_module(module_name)
+    if versions.is_fp8(module_name):
+        from support import scaled
+
+        args = scaled.kernel_args(4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132)
+    found = {}
+    previous = tilus.target._target
+    tilus.target.set_current_target(tilus.target.nvgpu_sm90a)
+    try:
+        for prefix, table in (("", module.KERNELS), ("block-wise ", getattr(module, "BLOCKWISE_KERNELS", {}))):
+            if "hopper" not in table:
+                continue
+            kernel = table["hopper"]
+            cache.use_cache(kernel, "compile-sm_90a")
+            call = args if versions.is_fp8(module_name) else dispatch.kernel_args(kernel, 4096, 4096, 4096, 0, 0, 0, 132)
+            jit = kernel()._jit_instance_for(*call)
+            for index, program in zip(jit.transpiled_schedules, jit.transpiled_programs):
+                found[prefix + schedule_key(jit.schedules[index])] = program_hash(program)
+    finally:
+        tilus.target._target = previous
+    return found
+
+
+def read() -> dict:
+    return json.loads(PATH.read_text()) if PATH.exists() else {}
+
+
+def record(version: str, found: dict[str, str], measured_as: str | None = None, commit: str | None = None) -> None:
+    """Write a version's hashes; for relabelled rows, also the name and the commit(s) they were measured under,
+    kept while the programs stay the same."""
+    entries = read()
+    earlier = entries.get(version, {})
+    same = earlier.get("programs") == dict(sorted(found.items()))
+    names = [*(earlier.get("measured_as", []) if same else []), measured_as or version]
+    commits = [*(earlier.get("commits", []) if same else []), *([commit] if commit else [])]
+    entries[version] = {"measured_as": sorted(set(names)), **({"commits": sorted(set(commits))} if commits else {}),
+                        "programs": dict(sorted(found.items()))}
+    PATH.write_text(json.dumps(dict(sorted(entries.items(), key=lambda item: int(item[0][1:]))), indent=1) + "\n")
+
+
+def hashes_at(commit: str, module_name: str) -> dict[str, str]:
+    """``hashes`` of a version as it was at a git commit: computed in a throwaway worktree, in a fresh interpreter."""
+    with tempfile.TemporaryDirectory() as folder:
+        tree = Path(folder) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=REPO, check=True,
+                       capture_output=True)
+        try:
+            code = ("import json, sys; sys.path.insert(0, '.'); "
+                    f"from support import provenance; print(json.dumps(provenance.hashes({module_name!r})))")
+            if not (tree / "support" / "provenance.py").exists():  # older than this module: bring it along
+                (tree / "support" / "provenance.py").write_text(Path(__file__).read_text())
+                (tree / "support" / "versions.py").write_text((REPO / "support" / "versions.py").read_text())
+            proc = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, check=True,
+                                  env={"MATMUL_TUTORIAL_CACHE": str(Path(folder) / "cache"), "PATH": "/usr/bin:/bin",
+                                       "HOME": folder})
+            return json.loads(proc.stdout.strip().splitlines()[-1])
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True)

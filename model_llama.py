@@ -1,6 +1,6 @@
 """A real model on the kernels: Llama-3-8B's layers, random weights, its Linears on a version's GEMM, against cuBLAS.
 
-    python model_llama.py [--version v6] [--layers 2] [--seconds 0.5]    (needs: pip install -e ".[model]")
+    python model_llama.py [--version v9] [--layers 2] [--seconds 0.5]    (needs: pip install -e ".[model]")
 
 It builds Hugging Face transformers' Llama from a ``LlamaConfig`` with Llama-3-8B's layer
 dimensions (hidden 4096, MLP 14336, 32 heads, 8 KV heads) and a few layers, random bf16
@@ -88,7 +88,15 @@ def step(model, config, scenario: str):
 
 
 def graphed(call):
-    """``call`` captured in a CUDA graph after three warm-up calls on a side stream; returns its replay."""
+    """``call`` captured in a CUDA graph after three warm-up calls on a side stream; returns its replay, which returns
+    the captured output.
+
+    The graph reads and writes the memory of what ``call`` holds (a decode step's StaticCache,
+    its token and position), at the addresses the capture saw. Freed, that memory goes back to
+    torch's caching allocator, which hands it to another tensor (a replay then reads and writes
+    that tensor) or returns it to the driver (a replay of a decode graph then ended in a CUDA
+    error on the H100). The replay keeps ``call`` alive, so neither happens.
+    """
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -97,8 +105,15 @@ def graphed(call):
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        call()
-    return graph.replay
+        output = call()
+
+    def replay():
+        """Run the graph; its output tensor, rewritten by every replay."""
+        graph.replay()
+        return output
+
+    replay.captured = call  # what the graph reads, alive as long as the replay
+    return replay
 
 
 def ms_per_call(call, seconds: float) -> float:
@@ -152,7 +167,7 @@ def save(rows: list[dict], path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--version", default="v6", help="the version whose kernels the Linears use (default v6)")
+    parser.add_argument("--version", default="v9", help="the version whose kernels the Linears use (default v9)")
     parser.add_argument("--layers", type=int, default=2, help="decoder layers (Llama-3-8B has 32; default 2)")
     parser.add_argument("--seconds", type=float, default=0.5, help="length of each timed window")
     parser.add_argument("--scenarios", nargs="+", default=[*PREFILL, *DECODE], choices=[*PREFILL, *DECODE])
@@ -185,9 +200,7 @@ def main(argv=None) -> int:
     rng = random.Random(0)
     path = args.out or cli.RESULTS_DIR / f"{gpu.gpu_label()}_model.csv"
     torch._dynamo.config.recompile_limit = 64  # each model at each scenario's shapes is a graph of its own
-    # hand-captured graphs first: captured after torch.compile's CUDA graph trees in one process, a decode graph
-    # segfaulted on replay, while alone (and before them) each replays
-    for mode in ("eager", "CUDA graph", "compiled"):
+    for mode in ("eager", "compiled", "CUDA graph"):
         compiled = {name: torch.compile(model, fullgraph=True, mode="reduce-overhead", dynamic=False)
                     for name, model in models.items()} if mode == "compiled" else {}
         for scenario in args.scenarios:

@@ -1,6 +1,8 @@
 import importlib
 import os
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +24,19 @@ def child_env(**extra) -> dict:
     """The environment of a child Python process that imports the versions, support and the test modules."""
     paths = [str(cache.REPO), str(cache.REPO / "tests"), os.environ.get("PYTHONPATH", "")]
     return os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, paths))} | {k: str(v) for k, v in extra.items()}
+
+
+def sanitizer() -> str:
+    """compute-sanitizer: on PATH, in $CUDA_HOME/bin or in /usr/local/cuda/bin. The tests that need it run only where
+    there is a GPU (marked ``gpu``); there, a sanitizer that cannot be found fails the test instead of skipping it."""
+    candidates = [shutil.which("compute-sanitizer"),
+                  *(str(Path(root) / "bin" / "compute-sanitizer") for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda")
+                    if root)]
+    found = next((path for path in candidates if path and Path(path).is_file()), None)
+    if found is None:
+        pytest.fail("compute-sanitizer is not on PATH, in $CUDA_HOME/bin nor in /usr/local/cuda/bin: this GPU machine "
+                    "needs the CUDA toolkit's sanitizer for this test")
+    return found
 
 
 def no_gpu_reason() -> str | None:

@@ -13,8 +13,8 @@ import torch
 import matmul_v10
 import matmul_v11
 from support import build, cache, dispatch, gpu, measure, protocol, scaled
+from conftest import sanitizer
 from test_gpu import run_child
-from test_reliability import SANITIZER
 
 FP8 = torch.float8_e4m3fn
 # v10's per-tensor and row-wise kernels; v11's copy of them, and its block-wise kernels
@@ -159,11 +159,24 @@ def test_quantize_rejects_an_unknown_granularity():
         scaled.quantize(torch.randn(4, 128), "64x64")
 
 
+def wide(rows: int, k: int, gen: torch.Generator, device: str) -> torch.Tensor:
+    """Random normal values scaled by a power of two per row (2^-4 .. 2^4), per 128-row block (2^-4 .. 2^4) and per
+    128-column block (2^-8 .. 2^8): neighbouring scale blocks of every granularity differ by orders of magnitude,
+    so a kernel that reads a neighbour's scale errs by far, not by the few percent that i.i.d. normal blocks'
+    scales differ by."""
+    block = scaled.BLOCK
+    row = torch.randint(-4, 5, (rows, 1), generator=gen, device=device)
+    row_block = torch.randint(-4, 5, (-(-rows // block), 1), generator=gen, device=device)
+    col_block = torch.randint(-8, 9, (1, -(-k // block)), generator=gen, device=device)
+    exponent = (row + row_block.repeat_interleave(block, dim=0)[:rows]
+                + col_block.repeat_interleave(block, dim=1)[:, :k])
+    return torch.randn(rows, k, generator=gen, device=device) * torch.exp2(exponent.float())
+
+
 def operands(m: int, n: int, k: int, scaling: str, device: str = "cpu", seed: int = 0):
-    """(a8, b8, scale_a, scale_b): random normal A and B quantized with the scaling's granularities."""
+    """(a8, b8, scale_a, scale_b): wide-magnitude A and B (``wide``) quantized with the scaling's granularities."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    a = torch.randn(m, k, generator=gen, device=device)
-    b = torch.randn(n, k, generator=gen, device=device)
+    a, b = wide(m, k, gen, device), wide(n, k, gen, device)
     (a8, sa), (b8, sb) = (scaled.quantize(x, g) for x, g in zip((a, b), scaled.GRANULARITY[scaling]))
     return a8, b8, sa, sb
 
@@ -196,6 +209,20 @@ def test_reference_is_the_product_of_the_dequantized_inputs(scaling):
     assert ref.dtype == torch.float32 and ref.shape == (m, n)
     err = (torch.linalg.norm(ref.double() - expected) / torch.linalg.norm(expected)).item()
     assert err < 1e-6, err  # fp32 sums of 272 products
+
+
+@pytest.mark.parametrize("scaling, which, dim", [("block", "scale_a", 1), ("block", "scale_b", 1),
+                                                 ("block", "scale_b", 0), ("row", "scale_a", 0), ("row", "scale_b", 0)])
+def test_a_neighbouring_scale_fails_the_check_by_far(scaling, which, dim):
+    # the inputs' blocks span 2^-16 .. 2^16: a reference (as a kernel would) that reads its scales one block or
+    # row off, along K (dim 1) or along M and N (dim 0), is far outside the tolerance, not near it
+    m, n, k = 256, 384, 640
+    a8, b8, sa, sb = operands(m, n, k, scaling, seed=4)
+    ref = scaled.reference(a8, b8, sa, sb)
+    shifted = {"scale_a": sa, "scale_b": sb}
+    shifted[which] = torch.roll(shifted[which], 1, dims=dim)
+    wrong = scaled.reference(a8, b8, shifted["scale_a"], shifted["scale_b"])
+    assert measure.relative_error(wrong, ref) > 100 * measure.REL_ERR_TOL[torch.bfloat16]
 
 
 def valid_inputs(device: str) -> dict:
@@ -370,14 +397,13 @@ CLEAN = {"memcheck": "ERROR SUMMARY: 0 errors", "racecheck": "RACECHECK SUMMARY:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(SANITIZER is None, reason="compute-sanitizer is not on PATH nor in the CUDA toolkit's bin")
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_sanitizer_clean_at_a_small_size(tool):
     # every scaling's tuned schedule: built and tuned outside the sanitizer, then picked from the cache
     for version in ("matmul_v10.py", "matmul_v11.py"):
         check = [sys.executable, version, "--check-only", "--sizes", *SANITIZER_SIZES]
         run_child(check, 600)
-        output = run_child([SANITIZER, "--tool", tool, "--error-exitcode", "1", *check], 900)
+        output = run_child([sanitizer(), "--tool", tool, "--error-exitcode", "1", *check], 900)
         assert CLEAN[tool] in output, version
 
 
@@ -398,14 +424,13 @@ for what, compiled, schedule, args, out, ref in test_fp8.every_schedule("block",
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(SANITIZER is None, reason="compute-sanitizer is not on PATH nor in the CUDA toolkit's bin")
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 @pytest.mark.parametrize("m, key, value, count", [(200, "block_m", 192, 4), (5, "swap_ab", True, 6)],
                          ids=["three-consumers", "swap_ab"])
 def test_untuned_blockwise_tiles_sanitizer_clean(tool, m, key, value, count):
     child = [sys.executable, "-c", SCHEDULES.format(m=m, key=key, value=value)]
     assert run_child(child, 600).count("ran ") == count  # built outside the sanitizer
-    assert CLEAN[tool] in run_child([SANITIZER, "--tool", tool, "--error-exitcode", "1", *child], 900)
+    assert CLEAN[tool] in run_child([sanitizer(), "--tool", tool, "--error-exitcode", "1", *child], 900)
 
 
 @pytest.mark.gpu

@@ -5,13 +5,12 @@ timeout: a kernel that deadlocks fails its test with the kernel and schedule nam
 of freezing the run.
 """
 
-import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import VERSIONS, child_env
+from conftest import VERSIONS, child_env, sanitizer
 
 from support import cache, gpu, measure
 
@@ -138,12 +137,11 @@ def test_arch_mismatch_is_a_usage_error():
     assert proc.returncode == 2 and "only works with --compile-only" in proc.stderr
 
 
-@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer is not installed")
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 @pytest.mark.parametrize("version", VERSIONS)
 def test_sanitizer_clean_at_a_small_size(version, tool):
     run_child([sys.executable, f"{version}.py", "--all-schedules", "--sizes", "16"], 60)  # builds outside the sanitizer
-    args = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "1", sys.executable, f"{version}.py"]
+    args = [sanitizer(), "--tool", tool, "--error-exitcode", "1", sys.executable, f"{version}.py"]
     output = run_child([*args, "--all-schedules", "--timeout", "120", "--sizes", "129x264x72"], 900)
     clean = {"memcheck": "ERROR SUMMARY: 0 errors", "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors",
              "synccheck": "ERROR SUMMARY: 0 errors"}

@@ -24,7 +24,6 @@ import os
 import pickle
 import random
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ import filelock
 import pytest
 import tilus
 import torch
-from conftest import KERNEL_MODULES, VERSIONS, child_env
+from conftest import KERNEL_MODULES, VERSIONS, child_env, sanitizer
 
 from support import build, cache, cli, dispatch, gpu, measure
 
@@ -279,17 +278,6 @@ def test_every_schedule_on_random_shapes(version, dtype):
 # ---------------------------------------------------------------- GPU: sanitizers on the tuned schedule
 
 
-def sanitizer() -> str | None:
-    """compute-sanitizer on PATH, or in the CUDA toolkit."""
-    found = shutil.which("compute-sanitizer")
-    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        candidate = Path(root or "/nonexistent") / "bin" / "compute-sanitizer"
-        if found is None and candidate.is_file():
-            found = str(candidate)
-    return found
-
-
-SANITIZER = sanitizer()
 SANITIZER_SIZE = (129, 264, 72)  # ragged: no dimension a multiple of any tile or K step
 # memcheck and racecheck run in tests/test_gpu.py on every schedule at this size (the tuned one among them)
 SANITIZER_CLEAN = {"synccheck": "ERROR SUMMARY: 0 errors", "initcheck": "ERROR SUMMARY: 0 errors"}
@@ -318,7 +306,6 @@ def check_tuned_call(version: str, m: int, n: int, k: int) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(SANITIZER is None, reason="compute-sanitizer is not on PATH nor in the CUDA toolkit's bin")
 @pytest.mark.parametrize("tool", list(SANITIZER_CLEAN))
 @pytest.mark.parametrize("version", VERSIONS)
 def test_tuned_schedule_is_sanitizer_clean(version, tool):
@@ -326,7 +313,7 @@ def test_tuned_schedule_is_sanitizer_clean(version, tool):
     if version not in _tuned_for_sanitizer:
         run_check("check_tuned_call", version, *SANITIZER_SIZE, timeout=900)
         _tuned_for_sanitizer.add(version)
-    prefix = [SANITIZER, "--tool", tool, "--error-exitcode", "1"]
+    prefix = [sanitizer(), "--tool", tool, "--error-exitcode", "1"]
     proc = run_check("check_tuned_call", version, *SANITIZER_SIZE, prefix=prefix, timeout=1200)
     output = proc.stdout + proc.stderr
     assert SANITIZER_CLEAN[tool] in output, output[-4000:]
@@ -753,3 +740,18 @@ def test_corrupt_cache_entries_are_rebuilt_on_the_gpu(gpu_cache):
     assert again.stderr.count("cache: discarded") == 2 + len(tables), again.stderr[-4000:]
     assert hashes_to_its_name(text_cut) and cache.elf_problem(library) is None
     assert all(cache.dispatch_table_problem(table) is None for table in tables)
+
+
+def test_sanitizer_is_found_off_path_or_fails(monkeypatch, tmp_path):
+    # one finder for every test that runs compute-sanitizer: PATH, then $CUDA_HOME/bin, then /usr/local/cuda/bin;
+    # where none holds it the test fails (these tests run only where there is a GPU), it does not skip
+    tool = tmp_path / "cuda" / "bin" / "compute-sanitizer"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    assert sanitizer() == str(tool)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nowhere"))
+    if not Path("/usr/local/cuda/bin/compute-sanitizer").is_file():
+        with pytest.raises(pytest.fail.Exception, match="compute-sanitizer is not on PATH"):
+            sanitizer()

@@ -143,4 +143,6 @@ def test_a_tiny_llama_on_the_op_gives_the_cublas_logits():
         reference = model(input_ids=ids, use_cache=False).logits.float()
         torch_op.swap_linears(model, "v9")
         logits = model(input_ids=ids, use_cache=False).logits.float()
-    assert relative_error(logits, reference) <= 2e-2
+    # measured on the H100: 0.0 for three prompts (the GEMMs return cuBLAS's bits); 1e-3 leaves room for a tuner
+    # that picks another reduction order on another GPU, and none for a wrong layer, which errs by far more
+    assert relative_error(logits, reference) <= 1e-3

@@ -96,7 +96,7 @@ class HopperMatmulV11(tilus.Script):
         # the output goes out in 64-column boxes (a swap_ab tile is one box of C^T's). Tiles of
         # several boxes give each consumer a ring of two; one-box tiles have no next box to
         # overlap, and their consumers take turns with one tile, as in v9; so do the block-wise
-        # consumers, which measured slower with a ring each
+        # consumers, whose promotion, not their store, bounds them: a ring each is slower there
         self.boxes = 1 if swap_ab else block_n // 64
         self.takes_turns = self.promotes or self.boxes == 1
         if swap_ab:
@@ -271,7 +271,8 @@ class HopperMatmulV11(tilus.Script):
             if self.register_split:
                 setmaxnreg(self.consumer_registers, "inc")
             self.pipe.consumer_start()
-            c_phase: uint32 = 1 if warpgroup == 0 else 0  # warpgroup 0 writes s_c first
+            # warpgroup 0 writes s_c first (phase 1 passes at once); the others wait for their turn
+            c_phase: uint32 = 1 if warpgroup == 0 else 0
             for item in self.scheduler.items():
                 tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
                 acc = self.mma(warpgroup, tile_m, tile_n, k_begin, k_end)
@@ -514,8 +515,8 @@ class HopperMatmulV11Blockwise(HopperMatmulV11):
 
         Plain tiles, one K block a slot: the column scale is loaded a K block ahead and stored, by the
         thread that then arrives, before the arrival that completes the slot's phase (producer_acquire's,
-        split in two): the arrival's release covers the store. (A TMA box of four column scales faulted
-        on the H100.)
+        split in two): the arrival's release covers the store. (A TMA box of four column scales faults on
+        the H100: one thread stores the one float.)
         """
         if self.swap_ab:
             self.load_operands(tile_m, tile_n, k_begin, k_end)
@@ -578,7 +579,7 @@ class HopperMatmulV11Blockwise(HopperMatmulV11):
                 self.mma_box(warpgroup, box, partial)
                 rows, cols = self.block_scales(warpgroup, box)  # during the wgmma
                 self.wgmma.wait_group(0)  # the partial is final: meanwhile the other warpgroups' wgmmas run
-                # one FFMA an element, the row and column scales multiplied first (partial * rows * cols: 0.9x the speed)
+                # one FFMA an element, the row and column scales multiplied first (partial * rows * cols is two multiplies)
                 self.add(acc, partial * (rows * cols), out=acc)
             self.pipe.consumer_advance()
             self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)  # the slot just read

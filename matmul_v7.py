@@ -202,7 +202,7 @@ class HopperMatmulV7(tilus.Script):
         """Registers -> the swizzled s_c -> global, one TMA store per box; then s_c is the other's."""
         offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
         offset_n = self.block_n * tile_n
-        # the boxes seen as one consumer_m x block_n tile: the store is v4's
+        # the boxes seen as one consumer_m x block_n tile: the store is v5's
         s_c_rows = self.reshape_shared(self.s_c.permute([1, 0, 2]), [self.consumer_m, self.block_n])
         self.store_shared(s_c_rows, acc.to(self.dtype))
         # generic-proxy stores must be made visible to the async proxy (TMA) before it reads s_c

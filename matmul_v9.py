@@ -338,7 +338,7 @@ class HopperMatmulV9(tilus.Script):
         """Registers -> the swizzled s_c -> global, one TMA store per box; then s_c is the next one's."""
         offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
         offset_n = self.block_n * tile_n
-        # the boxes seen as one consumer_m x block_n tile: the store is v4's
+        # the boxes seen as one consumer_m x block_n tile: the store is v5's
         s_c_rows = self.reshape_shared(self.s_c.permute([1, 0, 2]), [self.consumer_m, self.block_n])
         self.store_shared(s_c_rows, acc.to(self.dtype))
         self.store_output(warpgroup, offset_m, offset_n)

@@ -19,10 +19,10 @@ The contract (who arrives on which barrier, how many times, and the phases):
   chosen by the kernel for the way its consumers release a slot. The producer waits on it.
   - Hopper: the slot is free once ``wgmma.wait_group`` proves the MMA that read it finished.
     A wgmma is one operation of the whole warpgroup, so one arrival per consumer warpgroup
-    would do. v4 has every consumer thread arrive (``consumer_release_previous``, count
-    128 per warpgroup): no branch in its MMA loop, which ptxas would answer by serialising
-    the wgmmas. v5 has one thread per warpgroup arrive on the barrier of each CTA of its
-    cluster (``consumer_release_previous_in_cluster``): count warpgroups x CTAs.
+    would do. v4 to v6 have every consumer thread arrive (``consumer_release_previous``,
+    count 128 per warpgroup): no branch in the MMA loop, which ptxas would answer by
+    serialising the wgmmas. From v7 on one thread per warpgroup arrives on the barrier of
+    each CTA of its cluster (``consumer_release_previous_in_cluster``): count warpgroups x CTAs.
   - Blackwell: ``tcgen05.commit`` makes the tensor core itself arrive, once, when every MMA
     issued so far has finished (``consumer_release_async``): count 1.
 - Phases: every barrier starts in phase 0 and a wait for phase p passes once phase p has
@@ -80,7 +80,8 @@ class Pipeline(tilus.Class):
         self.mbarrier.wait(self.empty_barriers[self.producer_stage], phase=self.producer_phase)
 
     def producer_commit_async(self):
-        """Slot producer_stage is full once the tensor core has finished every MMA issued so far (v7's TMEM ring)."""
+        """Slot producer_stage is full once the tensor core has finished every MMA issued so far (Blackwell v11's
+        TMEM ring)."""
         self.tcgen05.commit(mbarrier=self.full_barriers[self.producer_stage])
 
     def producer_barrier(self) -> RegisterTensor:
@@ -115,7 +116,7 @@ class Pipeline(tilus.Class):
     def consumer_release_previous(self):
         """Free the slot before consumer_stage: every calling thread arrives on its empty barrier.
 
-        One arrival per warpgroup would be enough (docs/v0.md, "When is a slot free?"), but it
+        One arrival per warpgroup would be enough (docs/v3.md, when a slot is free), but it
         takes a branch to one thread inside the MMA loop, and in v4's loop that branch makes
         ptxas serialise the wgmmas (C7515). Every thread arriving needs no branch (empty count:
         the consumers' threads), as in CUTLASS's pipeline for a cluster of one CTA.
@@ -126,8 +127,8 @@ class Pipeline(tilus.Class):
         """Free the slot before consumer_stage in each of the cluster's ctas CTAs (1 or 2).
 
         One thread of the calling warpgroup arrives once on each CTA's empty barrier: after
-        ``wait_group`` the whole warpgroup's wgmma has finished reading the slot (docs/v0.md,
-        "When is a slot free?"). With a cluster of 2 the peer's producer multicasts into this
+        ``wait_group`` the whole warpgroup's wgmma has finished reading the slot (docs/v3.md,
+        when a slot is free). With a cluster of 2 the peer's producer multicasts into this
         CTA's slot too, so it must hear from these consumers as well (empty count:
         warpgroups x ctas); ``rank`` is this CTA's rank in the cluster.
         """

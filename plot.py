@@ -378,19 +378,55 @@ def _shape(size: str) -> str:
     return f"{m}³" if m == n == k else size
 
 
-def compare_table(rows: list[dict], before: str, after: str, sizes: list[str], dtype: str = "fp16") -> str:
-    """A version against the one before it at a few shapes, both regimes: a page's before/after table."""
+def _repeat_pairs(rows: list[dict], again: list[dict]) -> dict[tuple, tuple[dict, dict]]:
+    """(version, regime, size) -> (first, second) measurement of one build in one run: the fp16 rows of the main
+    CSV and of the repeat CSV measured on the same day (a version measured anew since has no pair)."""
+    first = {(r["version"], r["regime"], _size(r)): r for r in rows if r["dtype"] == "fp16" and r["ms"]}
+    return {key: (first[key], r) for r in again if r["dtype"] == "fp16" and r["ms"] and r["version"] != "cublas"
+            and (key := (r["version"], r["regime"], _size(r))) in first and first[key]["date"] == r["date"]}
+
+
+def repeatability(rows: list[dict], again: list[dict]) -> dict[tuple[str, str], float]:
+    """(shape class, regime) -> the largest gap, in points of % of cuBLAS, between two measurements of one build;
+    ('any', regime) the largest over every class measured twice, for the classes that were not."""
+    gaps: dict[tuple[str, str], float] = {}
+    for (_, regime, size), (a, b) in _repeat_pairs(rows, again).items():
+        gap = abs(float(b["pct_of_cublas"]) - float(a["pct_of_cublas"]))
+        for cls in (shape_class(*_dims(size)), "any"):
+            gaps[cls, regime] = max(gaps.get((cls, regime), 0.0), gap)
+    return gaps
+
+
+def compare_table(rows: list[dict], before: str, after: str, sizes: list[str], dtype: str = "fp16",
+                  again: list[dict] = ()) -> str:
+    """A version against the one before it at a few shapes, both regimes: a page's before/after table.
+
+    The change's ± is the larger of half the within-run spread of either row and the class's
+    repeatability (``repeatability``, from ``again``, the second measurement): a change within
+    it is level.
+    """
     by_key = {(r["version"], r["regime"], _size(r)): r for r in rows if r["dtype"] == dtype and r["ms"]}
-    lines = [f"| shape | regime | {before}: % of cuBLAS | {after}: % of cuBLAS | {after}'s tile |", "|---|---|---|---|---|"]
+    noise = repeatability(rows, again)
+    lines = [f"| shape | regime | {before}: % of cuBLAS | {after}: % of cuBLAS | change | {after}'s tile |",
+             "|---|---|---|---|---|---|"]
     for size in ("x".join(map(str, cli.parse_size(s))) for s in sizes):
+        cls = shape_class(*_dims(size))
         for regime in REGIMES:
             old, new = by_key.get((before, regime, size)), by_key.get((after, regime, size))
             if old and new:
-                lines.append(f"| {_shape(size)} ({shape_class(*_dims(size))}) | {regime} | {_pct(old)} | {_pct(new)} | "
+                a, b = float(old["pct_of_cublas"]), float(new["pct_of_cublas"])
+                bound = max(float(old.get("pct_spread") or 0) / 2, float(new.get("pct_spread") or 0) / 2,
+                            noise.get((cls, regime), noise.get(("any", regime), 0.0)))
+                change = f"{b - a:+.1f} ±{bound:.1f}" + (", level" if abs(b - a) <= bound else "")
+                lines.append(f"| {_shape(size)} ({cls}) | {regime} | {a:.1f}% | {b:.1f}% | {change} | "
                              f"{_tile(new['config'])} |")
     gpu_name = rows[0]["gpu"].removeprefix("NVIDIA ") if rows else ""
-    return "\n".join(lines) + (f"\n\n{gpu_name}, {dtype}; ± half the spread over the rounds; every shape, and how it is "
-                               "measured: [results](results.md).\n")
+    dates = sorted({r["date"] for key, r in by_key.items() if key[0] in (before, after)})
+    return "\n".join(lines) + (
+        f"\n\n{gpu_name}, {dtype}, {', '.join(dates)}; each % against cuBLAS in its own run. ± is the larger of half "
+        "the spread over the rounds and the largest gap between two measurements of one build in that class "
+        "([repeatability](results.md#repeatability); the largest of any class where this one was not measured "
+        "twice): a change within it is level.\n")
 
 
 def _idea(version: str) -> str:
@@ -399,39 +435,54 @@ def _idea(version: str) -> str:
     return docstring.splitlines()[0].removeprefix(f"{version}: ").rstrip(".") if docstring else ""
 
 
-def versions_table(rows: list[dict], size: str, dtype: str = "fp16") -> str:
-    """The README's table: each version, its idea and its walkthrough, with one shape's progression in both regimes."""
+def versions_table(rows: list[dict], size: str, dtype: str = "fp16", fp8_rows: list[dict] = ()) -> str:
+    """The README's table: each version, its idea and its walkthrough, with one shape's progression in both regimes.
+
+    The fp8 versions' cells come from ``fp8_rows`` (results/<gpu>_fp8.csv): the scaling each runs
+    (v10 per-tensor, v11 block-wise) against cuBLAS's fp8 kernel with the same scales.
+    """
     size = "x".join(map(str, cli.parse_size(size)))
     by_key = {(r["version"], r["regime"]): r for r in rows if r["dtype"] == dtype and r["ms"] and _size(r) == size}
+    fp8 = {(r["version"], r["regime"]): r for r in fp8_rows if r.get("regime") and _size(r) == size}
     regimes = list(REGIMES)[::-1]  # burst (the kernel alone) first
     lines = [f"| file | idea | {_shape(size)}, " + f" | {_shape(size)}, ".join(regimes) + " | walkthrough |",
              "|---|---|" + "---|" * len(regimes) + "---|"]
     for version in (v.removeprefix("matmul_") for v in versions.lesson()):
-        cells = [f"{float(r['tflops']):.0f} TFLOPS ({_pct(r)})" if (r := by_key.get((version, regime))) else "-"
-                 for regime in regimes]
+        scaling = next((s for s, v in scaled.VERSION_OF.items() if v == version), None)
+        cells = []
+        for regime in regimes:
+            if (r := by_key.get((version, regime))):
+                cells.append(f"{float(r['tflops']):.0f} TFLOPS ({_pct(r)})")
+            elif scaling and (r := fp8.get((f"{version} {scaling}", regime))):
+                label = {"tensor": "per-tensor", "row": "row-wise", "block": "block-wise"}[scaling]
+                cells.append(f"{float(r['tflops']):.0f} TFLOPS fp8 {label} ({_pct(r)} of cuBLAS's)")
+            else:
+                cells.append("-")
         lines.append(f"| `matmul_{version}.py` | {_idea(version)} | " + " | ".join(cells)
                      + f" | [docs/{version}.md](docs/{version}.md) |")
     cublas = [f"{float(r['tflops']):.0f} TFLOPS, {float(r['sm_mhz']):.0f} MHz" if (r := by_key.get(("cublas", regime)))
               else "-" for regime in regimes]
     lines.append("| cuBLAS | `torch.matmul` | " + " | ".join(cublas) + " | |")
-    dates = sorted({r["date"] for r in rows})
-    return "\n".join(lines) + (f"\n\n{rows[0]['gpu']}, {dtype}, measured {dates[-1]}: % of cuBLAS timed in the same run, "
-                               "± half the spread over the rounds ([how](docs/reference.md#how-the-numbers-are-measured)"
-                               ", [every shape](docs/results.md)).\n")
+    shown = [r for (name, _), r in [*by_key.items(), *fp8.items()] if name.split()[0] in
+             {"cublas", *(v.removeprefix("matmul_") for v in versions.lesson())}]
+    dates = sorted({r["date"] for r in shown})
+    return "\n".join(lines) + (f"\n\n{rows[0]['gpu']}, {dtype} (v10 and v11: fp8 e4m3 with bf16 C), measured "
+                               f"{', '.join(dates)}: % of cuBLAS timed in the same run, ± half the spread over the "
+                               "rounds ([how](docs/reference.md#how-the-numbers-are-measured), [every shape](docs/"
+                               "results.md)).\n")
 
 
 def repeat_table(rows: list[dict], again: list[dict]) -> str:
     """The same build measured twice in one run: each contender's % of cuBLAS in both measurements, and the largest gap."""
-    first = {(r["version"], r["regime"], _size(r)): r for r in rows if r["dtype"] == "fp16" and r["ms"]}
-    second = {(r["version"], r["regime"], _size(r)): r for r in again if r["dtype"] == "fp16" and r["ms"]}
-    versions = [v for v in _versions(again) if v != "cublas"]
+    pairs = _repeat_pairs(rows, again)
+    versions = [v for v in _versions(again) if any(key[0] == v for key in pairs)]
     lines = ["| size | regime | " + " | ".join(_label(v) for v in versions) + " |", "|---|---|" + "---|" * len(versions)]
     gaps = {regime: 0.0 for regime in REGIMES}
     for size in sorted({_size(r) for r in again}, key=_dims):
         for regime in REGIMES:
             cells = []
             for version in versions:
-                a, b = first.get((version, regime, size)), second.get((version, regime, size))
+                a, b = pairs.get((version, regime, size), (None, None))
                 if a and b:
                     x, y = float(a["pct_of_cublas"]), float(b["pct_of_cublas"])
                     gaps[regime] = max(gaps[regime], abs(y - x))
@@ -439,9 +490,10 @@ def repeat_table(rows: list[dict], again: list[dict]) -> str:
                 else:
                     cells.append("-")
             lines.append(f"| {size} | {regime} | " + " | ".join(cells) + " |")
-    dates = sorted({r["date"] for r in again})
+    dates = sorted({b["date"] for _, b in pairs.values()})
     lines += ["", f"% of cuBLAS, first / second measurement, {again[0]['gpu']}, fp16, {', '.join(dates)}: the second is "
-              "the same build measured again at the end of the run, by the same method. Largest difference: "
+              "the same build measured again at the end of the run, by the same method (a version measured anew "
+              "since, at a size, has no pair there). Largest difference: "
               + ", ".join(f"{regime} {gap:.1f} points" for regime, gap in gaps.items()) + "."]
     return "\n".join(lines) + "\n"
 
@@ -518,6 +570,35 @@ def fp8_table(rows: list[dict], decode: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def fp8_blockwise_table(rows: list[dict]) -> str:
+    """The block-wise kernel (v11) against cuBLAS's block-wise and the per-tensor kernel (v10), at every size: TFLOPS
+    (% of the copy bandwidth at decode), and block-wise's speed over per-tensor's."""
+    by_key = {(r["version"], r["regime"], int(r["m"]), int(r["n"]), int(r["k"])): r for r in rows if r.get("regime")}
+    block, tensor = _fp8("block"), _fp8("tensor")
+    sizes = sorted({key[2:] for key in by_key if key[0] == block}, key=lambda s: (s[0] > 64, s[0] * s[1] * s[2], s))
+
+    def value(r):
+        return f"{float(r['pct_of_bandwidth']):.0f}% of copy" if int(r["m"]) <= 64 else f"{float(r['tflops']):,.0f}"
+
+    lines = [f"| size | regime | cuBLAS block-wise | {block} (% of cuBLAS's) | {tensor} | {scaled.VERSION_OF['block']} / "
+             f"{scaled.VERSION_OF['tensor']} speed |", "|---|---|---|---|---|---|"]
+    for size in sizes:
+        for regime in ("burst", "back-to-back"):
+            ours, cublas, per_tensor = (by_key.get((name, regime, *size)) for name in (block, "cublas fp8 block", tensor))
+            if ours is None:
+                continue
+            versus = (f" ({float(ours['pct_of_cublas']):.1f}% ±{float(ours['pct_spread']) / 2:.1f})"
+                      if cublas else "")
+            speed = f"{float(per_tensor['ms']) / float(ours['ms']):.2f}" if per_tensor else "-"
+            lines.append(f"| {'x'.join(map(str, size))} | {regime} | {value(cublas) if cublas else '-'} | "
+                         f"{value(ours)}{versus} | {value(per_tensor) if per_tensor else '-'} | {speed} |")
+    first = rows[0]
+    lines += ["", f"{first['gpu']}, {', '.join(sorted({r['date'] for r in rows}))}: TFLOPS, or % of the copy bandwidth "
+              "at decode (M <= 64); cuBLAS is torch._scaled_mm with the same 1 x 128 and 128 x 128 scales (-: torch "
+              "takes none at that shape); ± half the spread over the rounds."]
+    return "\n".join(lines) + "\n"
+
+
 def fp8_peer_table(rows: list[dict]) -> str:
     """The Triton kernels torch.compile makes of torch._scaled_mm (``matmul_v10.py --peer``) beside cuBLAS and v10."""
     by_key = {(r["version"], r["regime"], int(r["m"]), int(r["n"]), int(r["k"])): r for r in rows if r.get("regime")}
@@ -573,10 +654,12 @@ def update_documents(csv_dir: Path = cli.RESULTS_DIR, documents: list[Path] = DO
             table = {"results": lambda: results_table(rows, first, dtype),
                      "launch": lambda: launch_table(rows, first[0]), "dtypes": lambda: dtype_table(rows, first[0]),
                      "trails": lambda: trails_table(rows, first[0], dtype),
-                     "compare": lambda: compare_table(rows, *first, args[1].split(",")),
-                     "versions": lambda: versions_table(rows, first[0]),
+                     "compare": lambda: compare_table(rows, *first, args[1].split(","), "fp16", read_rows(again)
+                                                      if (again := csv_dir / f"{slug}_repeat.csv").exists() else []),
+                     "versions": lambda: versions_table(rows, first[0], "fp16", cli.read_csv(fp8)
+                                                        if (fp8 := csv_dir / f"{slug}_fp8.csv").exists() else []),
                      "model": lambda: model_table(cli.read_csv(csv_dir / f"{slug}_model.csv")),
-                     "fp8": lambda: {"errors": fp8_errors_table, "peer": fp8_peer_table,
+                     "fp8": lambda: {"errors": fp8_errors_table, "peer": fp8_peer_table, "blockwise": fp8_blockwise_table,
                                      "large": lambda r: fp8_table(r, False), "decode": lambda r: fp8_table(r, True)}[
                          first[0]](cli.read_csv(csv_dir / f"{slug}_fp8.csv")),
                      "repeat": lambda: repeat_table(rows, read_rows(again)) if (again := csv_dir / f"{slug}_repeat.csv")
@@ -725,10 +808,13 @@ def benchmark(sizes: list[str], peer: bool, dtype: str = "fp16", names: list[str
               out: Path | None = None, repeat: int = 50) -> Path:
     """Time the versions (all, or ``names``), the peer if asked, and cuBLAS at each size in both regimes, in
     one dtype; rows to results/<gpu>.csv (or ``out``)."""
-    versions = {}
+    versions, arch = {}, gpu.gpu_arch()
     for name in versions_on_disk():
         if names is None or name.removeprefix("matmul_") in names:
             module = importlib.import_module(name)
+            if arch not in module.KERNELS:  # v6, v7 on Blackwell: their ideas have no Blackwell kernel
+                print(f"{name.removeprefix('matmul_')} left out: {module.KERNELS.missing_reason(arch)}", flush=True)
+                continue
             versions[name.removeprefix("matmul_")] = (module.KERNELS, module.matmul)
     path = out or cli.RESULTS_DIR / f"{gpu.gpu_label()}.csv"
     rows = cli.benchmark(versions, [cli.parse_size(size) for size in sizes], repeat, 60.0, dtype,

@@ -7,9 +7,9 @@ so do the versions from v4 on, which import what they need from here:
 
 - ``GroupedTileOrder`` (v4 on): tiles visited group_m tile rows at a time, so that the
   blocks in flight share their A and B tiles in L2.
-- ``persistent_blocks`` and ``PersistentTileScheduler`` (v5): one block per SM, and the walk
+- ``persistent_blocks`` and ``PersistentTileScheduler`` (v5 to v7): one block per SM, and the walk
   each block (each cluster) takes over the units of work, in grouped order.
-- ``launch_blocks``, ``MAX_SHARERS`` and ``StreamKTileScheduler`` (v6): all but the last
+- ``launch_blocks``, ``MAX_SHARERS`` and ``StreamKTileScheduler`` (v8 on): all but the last
   whole wave data-parallel, the rest cut along K into equal ranges, one per worker, and
   the pieces of tiles each worker computes.
 """
@@ -95,7 +95,7 @@ MAX_SHARERS = 2  # sharers of a stream-K unit whose sums its owner adds (the own
 
 
 class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
-    """v6's work of one cluster: whole units data-parallel, then a stream-K share of the rest.
+    """v8's work of one cluster: whole units data-parallel, then a stream-K share of the rest.
 
     The units (cluster_m tiles stacked in M) are split in two. The first ``dp_units`` are
     whole waves, dealt out as in ``PersistentTileScheduler``: worker w (cluster w) takes
@@ -108,17 +108,17 @@ class StreamKTileScheduler(GroupedTileOrder, tilus.Class):
 
     A unit's owner adds the sums of at most ``max_sharers`` sharers, so stream-K uses only as
     many workers as give each a range of at least k_blocks / max_sharers K blocks: with
-    ``MAX_SHARERS = 2``, half a unit (decode, 64 x 4096 x 14336 in v6's 128 x 64 tiles with
+    ``MAX_SHARERS = 2``, half a unit (decode, 64 x 4096 x 14336 in v9's 128 x 64 tiles with
     128-column K blocks: 32 tiles of 112 K blocks go to 64 workers of 56, not 132 of 27 or
-    28), so each weight row is read at two places at once, not more (docs/v6-decode.md).
+    28), so each weight row is read at two places at once, not more (docs/v9.md).
     ``max_sharers = 1`` (ranges of at least a unit) is for a kernel whose owner starts from
-    its one sharer's sum (v6's Hopper 128 x 256).
+    its one sharer's sum (v8's 128 x 256).
     A range crosses units, so a worker's stream-K work is a run of pieces, each
     (unit, k_begin, k_end) in K blocks:
 
-    - a whole unit (0, k_blocks): stored as in v5;
+    - a whole unit (0, k_blocks): stored as in v7;
     - a piece that ends before the unit's last K block: its sum goes to the workspace (the
-      slot of this CTA and warpgroup) and the slot's flag is set;
+      entry of this CTA and warpgroup) and the entry's flag is set;
     - a piece that ends at the last K block but starts later (the *owner*'s): the owner
       waits for the flags of the lower workers holding the unit's earlier K blocks, adds
       their sums in the order of the workers, lowest first, and stores the tile.

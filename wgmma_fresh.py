@@ -1,4 +1,4 @@
-"""A wgmma into a fresh accumulator: D = A B, its first K step ignoring what D held (v7's block-wise promotion).
+"""A wgmma into a fresh accumulator: D = A B, its first K step ignoring what D held (v11's block-wise promotion).
 
 tilus 0.2.0's ``self.wgmma.mma(a, b, d)`` always adds into d (``wgmma.mma_async`` with
 scale-d 1), so a partial sum that starts from zero must first be zeroed: one instruction
@@ -6,8 +6,8 @@ per accumulator register, between the promotion of one K block and the wgmma of 
 The wgmma instruction itself can ignore d: its scale-d operand 0 gives D = A B. This module
 adds that form as one more tilus instruction, ``mma_fresh(a, b, d)``: the same layout rule
 and the same emitter as tilus's shared-memory wgmma, with scale-d 0 on the instruction of
-the first K step and 1 on the rest. Measured on the H100 (v7's block-wise 192 x 128 tile):
-zeroing the partial instead made the kernel 19-28% slower (docs/v7.md).
+the first K step and 1 on the rest, so the promotion's K loop holds nothing but wgmmas and
+the promotion itself (docs/v11.md).
 """
 
 from dataclasses import dataclass

@@ -75,7 +75,7 @@ def _fits_out(out, a: torch.Tensor, b: torch.Tensor, m: int, n: int, index: int)
 
 
 def check_sizes(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
-    """(M, N, K) of 2-D a (M x K) and b (N x K), or a ValueError naming the rule (v7's rules too)."""
+    """(M, N, K) of 2-D a (M x K) and b (N x K), or a ValueError naming the rule (the fp8 versions' rules too)."""
     (m, k), (n, kb) = a.shape, b.shape
     if k != kb:
         raise ValueError(f"K mismatch: a is {m}x{k} and b is {n}x{kb}; C = A @ B.T needs a.shape[1] == b.shape[1]")

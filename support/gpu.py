@@ -71,12 +71,15 @@ class Kernels(dict):
         self.version = version
 
     def __missing__(self, arch: str):
+        raise UnsupportedGPUError(self.missing_reason(arch))
+
+    def missing_reason(self, arch: str) -> str:
+        """Why this version has no kernel for ``arch``, naming the script to run instead."""
         if arch == "hopper":
-            raise UnsupportedGPUError(f"blackwell/matmul_{self.version}.py holds Blackwell's kernel; on Hopper run "
-                                      f"matmul_{self.version}.py")
+            return f"blackwell/matmul_{self.version}.py holds Blackwell's kernel; on Hopper run matmul_{self.version}.py"
         earlier = [name for name in versions.blackwell() if versions.number(name) <= versions.number(self.version)]
-        raise UnsupportedGPUError(f"{self.version}'s idea has no Blackwell kernel; the nearest Blackwell version is "
-                                  f"{earlier[-1].replace('.', '/')}.py (docs/blackwell.md)")
+        return (f"{self.version}'s idea has no Blackwell kernel; the nearest Blackwell version is "
+                f"{earlier[-1].replace('.', '/')}.py (docs/blackwell.md)")
 
 
 def kernels(version: str, hopper=None, blackwell=None, table: str = "KERNELS") -> Kernels:

@@ -78,7 +78,7 @@ The rules
     The ``tcgen05.mma`` instruction descriptor (PTX ISA 9.1, 9.7.16.4.2, Table 42: D type
     in bits 4-5, A and B types in 7-9 and 10-12, N >> 3 in bits 17-22, M >> 4 in bits
     24-28) says the schedule's tile: M = block_m, N = block_n, an fp32 accumulator, A and B
-    of the operands' dtype (the schedule's, or v7's e4m3), and the instruction's kind is
+    of the operands' dtype (the schedule's, or the fp8 versions' e4m3), and the instruction's kind is
     the one for that dtype (kind::f16 for fp16 and bf16, kind::f8f6f4 for e4m3).
 ``cta-group`` (Blackwell)
     The cta_group of every tcgen05 alloc, dealloc, mma and commit (CUDA and PTX) equals the
@@ -609,7 +609,7 @@ def check_proxy_fence(kernel: Kernel, schedule: dict) -> list[tuple[str, str]]:
     generic = kernel.calls_of("stmatrix", "st.shared")
     fences = kernel.calls_of("fence.proxy.async")
     syncs = kernel.syncs()
-    # none of either is a kernel that stores C without TMA (v6's Blackwell swap_ab), and then its
+    # none of either is a kernel that stores C without TMA (Blackwell v9's swap_ab), and then its
     # PTX must have no TMA store either: a store the source scan missed is never a silent pass
     in_ptx = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::", kernel.ptx))
     if len(reads) != len(stores) or (not stores and in_ptx):
@@ -682,7 +682,7 @@ def check(source_cu: str, ptx: str, schedule: dict, arch: str, registers: int | 
           operands: str | None = None) -> list[Violation]:
     """Every rule that applies to the architecture; [] when the kernel follows them all.
 
-    ``operands``: A's and B's dtype where the schedule does not name it (v7's 'float8_e4m3').
+    ``operands``: A's and B's dtype where the schedule does not name it (the fp8 versions' 'float8_e4m3').
     """
     try:
         kernel = Kernel(source_cu, ptx)

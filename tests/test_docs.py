@@ -125,23 +125,27 @@ def _images(page):
     return {(page.parent / target).resolve() for target in IMAGE.findall(page.read_text())}
 
 
-def test_diagrams_are_what_diagrams_py_writes(tmp_path):
-    import matplotlib
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, cache.REPO / "docs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    written = diagrams.main(tmp_path)
-    assert sorted(p.name for p in written) == sorted(f"{name}.svg" for name in diagrams.DRAWINGS)
-    again = diagrams.main(tmp_path / "again")
-    for path, rerun in zip(written, again):
-        assert path.read_bytes() == rerun.read_bytes(), f"{path.name} differs between two runs"
-    for path in written:
-        committed = diagrams.FIGURES / path.name
-        assert committed.exists(), f"docs/figures/{path.name} is missing: run python docs/diagrams.py"
-        drawn_with = re.search(rb"Matplotlib v([\w.]+)", committed.read_bytes())
-        if drawn_with and drawn_with.group(1).decode() != matplotlib.__version__:
-            pytest.skip(f"docs/figures/{path.name} was drawn with matplotlib {drawn_with.group(1).decode()}, "
-                        f"this is {matplotlib.__version__}: its bytes are not comparable")
-        assert committed.read_bytes() == path.read_bytes(), (
-            f"docs/figures/{path.name} is stale: run python docs/diagrams.py")
+
+def test_every_figure_is_what_its_script_writes(tmp_path):
+    # each committed figure, redrawn by the script that writes it (from results/ where it plots measurements),
+    # byte for byte: matplotlib is pinned in the test extra, so the bytes are comparable
+    timeline, raster, streamk = _script("timeline"), _script("raster"), _script("streamk")
+    drawn = [*diagrams.main(tmp_path / "diagrams"), *timeline.main(tmp_path / "timeline"),
+             raster.draw(tmp_path / "raster" / "raster.svg"), streamk.draw_4096(tmp_path / "streamk" / "streamk_4096.svg"),
+             streamk.draw_decode(path=tmp_path / "streamk" / "decode_roofline.svg")]
+    for source in sorted(plot.cli.RESULTS_DIR.glob("*.csv")):
+        if "_" not in source.stem:  # results/<gpu>.csv: the measured figures
+            drawn += plot.plot(plot.read_rows(source), source.stem, tmp_path / "plot")
+    assert sorted(p.name for p in drawn) == sorted(p.name for p in diagrams.FIGURES.iterdir()), \
+        "a figure in docs/figures/ that no script writes, or one a script writes that is not committed"
+    stale = [p.name for p in drawn if (diagrams.FIGURES / p.name).read_bytes() != p.read_bytes()]
+    assert not stale, f"stale figures {stale}: run python plot.py --from results/h100.csv (and python docs/diagrams.py)"
 
 
 def test_every_figure_is_linked_from_a_page():
@@ -199,7 +203,7 @@ def test_the_swizzle_diagram_is_the_stated_rule():
 
 def test_the_ring_diagram_follows_the_pipeline_contract():
     steps = diagrams.ring_steps()
-    stages = diagrams.V5_STAGES
+    stages = diagrams.V7_STAGES
     assert len(steps) > 2 * stages  # two trips round the ring and a bit
     for step in steps:
         trip = step["step"] // stages
@@ -214,3 +218,34 @@ def test_the_ring_diagram_follows_the_pipeline_contract():
             assert step["issue"] >= steps[step["step"] - stages]["free"]
     assert any(s["issue"] > s["ask"] for s in steps)  # the producer waits for an empty slot ...
     assert steps[0]["work"] > steps[0]["take"]  # ... and the consumer's first wait blocks
+
+
+RANGE = re.compile(r"`(\w+)` \((\d+)-(\d+)\)")
+
+
+def method_ranges(source: str) -> dict[str, list[tuple[int, int]]]:
+    """name -> [(first, last)] of each method in a file: from its def to the line before the next def, decorator or
+    class (or the class's end: the last line before the next top-level statement), 1-based."""
+    lines = source.splitlines()
+    starts = [i for i, line in enumerate(lines) if re.match(r"    def \w+\(", line)]
+    ends = [i for i, line in enumerate(lines) if re.match(r"    (def |@)|\S", line)]
+    found: dict[str, list[tuple[int, int]]] = {}
+    for start in starts:
+        end = next(i for i in [*ends, len(lines)] if i > start)
+        if end < len(lines) and re.match(r"\S", lines[end]):  # the class ends: leave out its trailing blank lines
+            while not lines[end - 1].strip():
+                end -= 1
+        found.setdefault(re.match(r"    def (\w+)", lines[start]).group(1), []).append((start + 1, end))
+    return found
+
+
+@pytest.mark.parametrize("version", [name.removeprefix("matmul_") for name in versions.lesson()])
+def test_reading_the_whole_kernel_gives_each_method_its_lines(version):
+    # `method` (first-last): the lines of matmul_vN.py that hold the method, as they are now
+    page = (cache.REPO / "docs" / f"{version}.md").read_text()
+    section = page.split("## Reading the whole kernel", 1)[1].split("\n## ", 1)[0]
+    ranges = method_ranges((cache.REPO / f"matmul_{version}.py").read_text())
+    cited = RANGE.findall(section)
+    assert cited, f"{version}.md's 'Reading the whole kernel' names no method with its lines"
+    wrong = [f"{name} ({a}-{b})" for name, a, b in cited if (int(a), int(b)) not in ranges.get(name, [])]
+    assert not wrong, f"{version}.md: {wrong}; the file has {[(n, ranges.get(n)) for n, _, _ in cited]}"

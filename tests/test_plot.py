@@ -181,7 +181,8 @@ def test_compare_versions_and_repeat_blocks_render_from_the_rows(tmp_path):
     doc.write_text("<!-- compare h100 v1,v2 4096 -->\n<!-- /compare -->\n<!-- repeat h100 -->\n<!-- /repeat -->\n")
     plot.update_documents(csv_dir=tmp_path, documents=[doc])
     text = doc.read_text()
-    assert "| 4096³ (square) | back-to-back | 61.3% | 61.3% ±0.4 | 128 x 256, 4 stages, clusters of 2 |" in text
+    # the change's ± is the square class's repeatability (61.3 -> 62.0 measured twice), larger than half the spread
+    assert "| 4096³ (square) | back-to-back | 61.3% | 61.3% | +0.0 ±0.7, level | 128 x 256, 4 stages, clusters of 2 |" in text
     assert "| 4096x4096x4096 | back-to-back | 61.3 / 62.0 |" in text
     assert "Largest difference: back-to-back 0.7 points, burst 2.0 points." in text
     table = plot.versions_table(plot.read_rows(tmp_path / "h100.csv"), "4096")
@@ -225,3 +226,16 @@ def test_fp8_tables_render_each_scaling_and_the_triton_peer(tmp_path):
 
 def test_fp8_peer_table_says_when_not_measured():
     assert plot.fp8_peer_table([]).startswith("Not measured yet: `python matmul_v10.py --peer`")
+
+
+def test_a_change_beyond_the_repeatability_is_not_level_and_unpaired_runs_are_not_compared(tmp_path):
+    v2 = [row | {"version": "v2", "pct_of_cublas": f"{float(row['pct_of_cublas']) + 5:.1f}", "pct_spread": "0.2"}
+          for row in ROWS if row["version"] == "v1"]
+    again = [row | {"pct_of_cublas": f"{float(row['pct_of_cublas']) + 1:.1f}"} for row in v2 if row["m"] == 4096]
+    table = plot.compare_table(ROWS + v2, "v1", "v2", ["4096"], again=again)
+    assert "| 4096³ (square) | back-to-back | 61.3% | 66.3% | +5.0 ±1.0 |" in table
+    # a second measurement from another day pairs with nothing: no repeatability, no repeat row
+    other_day = [row | {"date": "2026-01-01"} for row in again]
+    assert plot.repeatability(ROWS + v2, other_day) == {}
+    assert "| 4096³ (square) | back-to-back | 61.3% | 66.3% | +5.0 ±0.1 |" in plot.compare_table(
+        ROWS + v2, "v1", "v2", ["4096"], again=other_day)

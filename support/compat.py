@@ -248,6 +248,31 @@ def _wgmma_accumulator_two_columns(generate_layout):
     return two_columns
 
 
+class _OrderedSet(dict):
+    """A set that iterates in insertion order (the keys of a dict)."""
+
+    def add(self, item):
+        self[item] = None
+
+
+def _hoist_in_walk_order(init):
+    """Defect 9: the generated CUDA differs build to build, and ptxas's register count with it.
+
+    The hoisting pass collects a loop's invariants in a ``set`` of IR nodes, which hash by
+    address, and declares the hoisted variables in that set's order. Two builds of one
+    source then order them differently, and ptxas allocates differently: one v11 schedule
+    came out at 166 registers in one build and 168 in the next. Collected in the order of
+    the IR walk, the build is reproducible.
+    """
+
+    @functools.wraps(init)
+    def ordered(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.invariants = _OrderedSet()
+
+    return ordered
+
+
 # name -> (owner, attribute, replacement factory)
 _WORKAROUNDS = {
     "hopper_tma_cta_group": (_tma_emitter, "cp_async_tensor_global_to_shared", _without_cta_group_before_blackwell),
@@ -255,6 +280,7 @@ _WORKAROUNDS = {
         _tma_emitter, "cp_async_tensor_global_to_cluster_shared", _without_cta_group_before_blackwell
     ),
     "hoisting_empty_let": (_hoist_pass, "StmtBuilder", _let_without_bindings),
+    "hoisting_order": (_hoist_pass.LoopInvariantsAnalyzer, "__init__", _hoist_in_walk_order),
     "barriers_above_peak": (BarrierAllocContext, "finalize", _barriers_above_peak),
     "fastdiv_multiplier": (_fast_div_pass, "fastdiv_precompute_m", _fastdiv_magic),
     "fastdiv_shift": (_fast_div_pass, "fastdiv_precompute_s", _fastdiv_magic),

@@ -4,8 +4,9 @@ A results row names a version; the kernel that ran is the tilus program (the IR 
 transpiles a schedule to, before any CUDA is generated) of one of the version's schedules.
 Its text names nothing but the kernel (after the class name, which a renamed version
 changes): hashed with that name taken out, it says whether two files hold the same kernel.
-tilus' generated CUDA is not reproducible build to build (hoisted loop invariants come out
-in a different order), so the program, not the CUDA, is compared.
+The program, not the CUDA, is compared: the rows in results/ were measured before
+support/compat.py made tilus' generated CUDA reproducible (defect 9), so their CUDA differs
+build to build.
 
 - ``plot.py`` and the fp8 versions' benchmark record the hashes of every version they time
   (``record``), for the Hopper kernel, fp16 (fp8 kernels: bf16 output).

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REGISTER_SPLIT_SCHEDULE, child_env, overlaps, shared_memory_map
@@ -24,13 +25,17 @@ pytestmark = pytest.mark.skipif(not compat.needed(), reason=f"the defects are th
 def build_as_released(workaround: str | tuple, version: str, arch: str, tmp_path, schedule: dict | None = None) -> list[dict]:
     pin = f"kernel.debug_schedule = {schedule!r}" if schedule else ""
     names = (workaround,) if isinstance(workaround, str) else workaround
+    off = f"compat.disabled(*{names!r})" if names else "contextlib.nullcontext()"  # () : every workaround on
     code = f"""
-import json, {version}
-from support import build, compat
+import contextlib, json, {version}
+from support import build, compat, scaled, versions
 kernel = {version}.KERNELS[{arch!r}]
 {pin}
-with compat.disabled(*{names!r}):
-    results = build.build_schedules(kernel, {arch!r}, progress=lambda line: None)
+# an fp8 kernel takes scales and a workspace: arguments of a 4096-cube call
+call_args = scaled.kernel_args(4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132) \
+    if versions.is_fp8({version!r}) else None
+with {off}:
+    results = build.build_schedules(kernel, {arch!r}, progress=lambda line: None, call_args=call_args)
 print(json.dumps([{{"error": r.error, "module_dir": str(r.module_dir), "warnings": r.ptxas_warnings}} for r in results]))
 """
     env = os.environ | {"MATMUL_TUTORIAL_CACHE": str(tmp_path)}
@@ -104,6 +109,28 @@ def test_defect_2_loop_invariant_hoisting_asserts(tmp_path):
     # it depends on what the process transpiled before, so build the whole space as CI does
     results = build_as_released("hoisting_empty_let", "blackwell.matmul_v2", "blackwell", tmp_path)
     assert any("hoist_loop_invariants" in r["error"] and "AssertionError" in r["error"] for r in results)
+
+
+def test_defect_9_hoisted_invariants_are_collected_in_a_set():
+    from tilus.hidet.ir.tools import ExprHash
+    from tilus.hidet.transforms.hoist_loop_invariants import LoopInvariantsAnalyzer
+
+    with compat.disabled("hoisting_order"):
+        assert type(LoopInvariantsAnalyzer([], ExprHash()).invariants) is set
+
+
+# one v11 schedule that came out at 166 registers in one build and 168 in the next
+V11_HOISTING = dict(block_m=128, block_n=128, block_k=128, stages=6, group_m=8, cluster_m=2, swap_ab=False,
+                    stream_k=True)
+
+
+def test_two_builds_of_one_schedule_generate_the_same_cuda(tmp_path):
+    sources = []
+    for build in ("first", "second"):
+        (result,) = build_as_released((), "matmul_v11", "hopper", tmp_path / build, V11_HOISTING)
+        assert not result["error"]
+        sources.append((Path(result["module_dir"]) / "source.cu").read_text())
+    assert sources[0] == sources[1]
 
 
 def test_defect_3_barriers_land_on_freed_tiles(tmp_path):

@@ -306,10 +306,10 @@ def table(rows: list[dict]) -> str:
     first = rows[0]
     dates = sorted({r["date"] for r in rows})
     lines += ["", f"{first['gpu']}, fp16. One launch of each version's tuned kernel under Nsight Compute "
-              f"(`--clock-control none`, L2 flushed before it): tensor pipe % is `{first['tensor_metric']}`; "
-              "the model is docs/v4.md's traffic model (each wave of blocks in flight reads the A and B tiles it "
-              "touches once, nothing kept in L2 between waves); bank conflicts are those of shared-memory loads and "
-              "stores (not TMA, not wgmma); achieved occupancy is warps resident per SM against 64; DRAM "
+              f"(`--clock-control none`, L2 flushed before it). Tensor pipe % is `{first['tensor_metric']}`. "
+              "The model is docs/v4.md's traffic model: each wave of blocks in flight reads the A and B tiles it "
+              "touches once, and nothing stays in L2 between waves. Bank conflicts are those of shared-memory loads "
+              "and stores (not TMA, not wgmma). Achieved occupancy is warps resident per SM against 64. DRAM "
               "written leaves out what is still in L2 when the kernel ends. The times are min / median / max of "
               f"{first['runs']} runs outside ncu in the burst regime of the results tables (CUDA events, L2 flushed "
               "before each run). "

@@ -135,12 +135,12 @@ def _check_every_schedule(kernels: dict, arch_name: str, sizes, timeout_s: float
 
 
 CUBLAS = Contender("cublas", lambda a, b, out: torch.matmul(a, b.T, out=out), "torch.matmul")
-METHOD = (f"burst: median of timed runs, each alone (CUDA events, L2 flushed, launches queued ahead); "
-          f"back-to-back: median of {bench.ROUNDS} windows of ~{bench.WINDOW_S:g} s of calls through each entry point, "
-          f"no sync, operand sets rotated past L2, after {bench.WARM_UP_S:g} s of load; contenders in a fresh random "
-          "order each round, in one process; spread: max - min over the rounds of the round's % of cuBLAS; host us: "
-          "CPU time per call queued with no sync behind a GPU spin; clock and power: NVML over the timed windows; "
-          "energy: NVML's energy counter over the back-to-back windows")
+METHOD = ("Burst: the median of timed runs, each alone (CUDA events, L2 flushed, launches queued ahead). "
+          f"Back to back: the median of {bench.ROUNDS} windows of ~{bench.WINDOW_S:g} s of calls through each entry "
+          f"point, no sync, operand sets rotated past L2, after {bench.WARM_UP_S:g} s of load. Contenders go in a "
+          "fresh random order each round, in one process. Spread: max - min over the rounds of the round's % of "
+          "cuBLAS. Host µs: CPU time per call queued with no sync behind a GPU spin. Clock and power: NVML over the "
+          "timed windows. Energy: NVML's energy counter over the back-to-back windows.")
 
 
 def benchmark(versions: dict, sizes, repeat: int, timeout_s: float, dtype: str = "fp16", peers=(),

@@ -2,6 +2,8 @@
 
 import csv
 
+import pytest
+
 import plot
 from support import cli
 
@@ -79,7 +81,7 @@ def test_one_version_table_has_both_regimes_with_clock_and_host_cost(tmp_path):
             "- | 2.1e-04 | `block_m=128` |") in table
     assert "| decode | 1x4096x4096 | back-to-back | 1.5 | 50.0 | 20.0 | 1980 | 690 | 0.8 (0.1%) | 1.50 (50%) |" in table
     assert "| square | 4096x4096x4096 | burst | 458.1 | 60.0 |" in table
-    assert "NVIDIA H100 80GB HBM3" in table and "measured 2026-11-22" in table
+    assert "NVIDIA H100 80GB HBM3" in table and "Measured 2026-11-22" in table
 
 
 def test_tables_are_rewritten_between_markers(tmp_path):
@@ -102,7 +104,7 @@ def test_comparison_tables_per_regime_with_peer_decode_and_host_cost(tmp_path):
     # decode in bytes over time, cuBLAS with its share of the copy bandwidth
     assert "| decode | 1x4096x4096 | 1.50 TB/s (50.0%) | - | 3.00 TB/s, 100% of copy, 1980 MHz |" in back_to_back
     assert "| 20.2 (20.0-20.5) | - | 25.0 (25.0-25.0) |" in burst  # host µs, from the back-to-back rows
-    assert "copy bandwidth 3.00 TB/s" in table
+    assert "Copy bandwidth: 3.00 TB/s" in table
     assert "512x512x512" not in table  # the square sweep is plotted, not tabled
 
 
@@ -184,7 +186,7 @@ def test_compare_versions_and_repeat_blocks_render_from_the_rows(tmp_path):
     # the change's ± is the square class's repeatability (61.3 -> 62.0 measured twice), larger than half the spread
     assert "| 4096³ (square) | back-to-back | 61.3% | 61.3% | +0.0 ±0.7, level | 128 x 256, 4 stages, clusters of 2 |" in text
     assert "| 4096x4096x4096 | back-to-back | 61.3 / 62.0 |" in text
-    assert "Largest difference: back-to-back 0.7 points, burst 2.0 points." in text
+    assert "Largest difference between two measurements of a version: back-to-back 0.7 points, burst 2.0 points." in text
     table = plot.versions_table(plot.read_rows(tmp_path / "h100.csv"), "4096")
     assert "| `matmul_v1.py` | " in table and "| cuBLAS | `torch.matmul` | 764 TFLOPS, 1800 MHz | 723 TFLOPS, 1310 MHz |" in table
 
@@ -239,3 +241,12 @@ def test_a_change_beyond_the_repeatability_is_not_level_and_unpaired_runs_are_no
     assert plot.repeatability(ROWS + v2, other_day) == {}
     assert "| 4096³ (square) | back-to-back | 61.3% | 66.3% | +5.0 ±0.1 |" in plot.compare_table(
         ROWS + v2, "v1", "v2", ["4096"], again=other_day)
+
+
+def test_the_peers_second_measurement_does_not_set_the_versions_repeatability():
+    again = [row | {"pct_of_cublas": f"{float(row['pct_of_cublas']) + 1:.1f}"} for row in ROWS if row["version"] == "v1"]
+    peer = [row | {"version": plot.PEER} for row in ROWS if row["version"] == "v1"]
+    peer_again = [row | {"pct_of_cublas": f"{float(row['pct_of_cublas']) + 20:.1f}"} for row in peer]
+    assert max(plot.repeatability(ROWS + peer, again + peer_again).values()) == pytest.approx(1.0, abs=0.05)
+    assert "of Triton (torch.compile): back-to-back 20.0 points" in plot.repeat_table(ROWS + peer, again + peer_again)
+

@@ -33,9 +33,9 @@ from schedulers import MAX_SHARERS, StreamKTileScheduler, launch_blocks
 BOX_K = 128
 
 # v9's tiles and rings in bytes: a K block of 128 fp8 columns is 128 B a row, as 64 fp16 columns
-# were, so every slot and ring keeps v9's size (128 x 256: 4 x (16 + 32) KiB + two 16 KiB output
-# rings); the decode tiles take 256 columns, two boxes, as v9's took 128. No 128 x 224: its
-# 32-column boxes would need their own ring. stream_k and swap_ab as in v9, the tuner picks.
+# were, so slots and rings keep v9's sizes (128 x 256: 4 x (16 + 32) KiB + two 16 KiB output
+# rings); decode tiles take 256 columns, two boxes. No 128 x 224 (its 32-column boxes would need
+# their own ring), no swapped 128 x 64 (not carried over). stream_k and swap_ab: the tuner picks.
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
     [128, 256, 128, 4, 1, False, False], [128, 256, 128, 4, 2, False, False],
     [128, 256, 128, 4, 2, False, True],
@@ -335,9 +335,9 @@ class HopperMatmulV10(tilus.Script):
     def start_from_partial(self, warpgroup: int, k_begin: int32, k_end: int32):
         """A fresh accumulator: the sharer's sum for the owner's piece, zeros for any other piece.
 
-        Every piece loads and adds to zeros, the others from past the workspace: where the
-        accumulator was either loaded or constant zeros, ptxas serialised every wgmma of the
-        kernel (C7515), and where the load wrote it directly, too (C7514).
+        Every piece adds a loaded partial to zeros: the owner its sharer's, the others rows past
+        the workspace, masked to zeros. Branching between loaded and zeros makes ptxas serialise
+        every wgmma (C7515); loading straight into the accumulator does too (C7514).
         """
         acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
         owner = k_begin > 0 and k_end == self.scheduler.k_blocks

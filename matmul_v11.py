@@ -359,9 +359,9 @@ class HopperMatmulV11(tilus.Script):
     def start_from_partial(self, warpgroup: int, k_begin: int32, k_end: int32):
         """A fresh accumulator: the sharer's sum for the owner's piece, zeros for any other piece.
 
-        Every piece loads and adds to zeros, the others from past the workspace: where the
-        accumulator was either loaded or constant zeros, ptxas serialised every wgmma of the
-        kernel (C7515), and where the load wrote it directly, too (C7514).
+        Every piece adds a loaded partial to zeros: the owner its sharer's, the others rows past
+        the workspace, masked to zeros. Branching between loaded and zeros makes ptxas serialise
+        every wgmma (C7515); loading straight into the accumulator does too (C7514).
         """
         acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
         owner = k_begin > 0 and k_end == self.scheduler.k_blocks

@@ -71,7 +71,7 @@ class HopperMatmulV6(tilus.Script):
         # 3. barriers
         self.pipe = Pipeline(self.stages, consumer_arrivals=256)  # every thread of both consumers arrives
         self.s_c_free = self.mbarrier.alloc(counts=[1, 1])  # s_c is free for warpgroup 0, 1
-        self.sync()
+        self.sync()  # the block starts its roles together, after the barriers are initialised
         # every tile takes whole trips round the ring (TMA fills the steps past K with zeros),
         # so each tile starts at slot 0 and the unrolled loops index slots by constants
         k_trips = cdiv(k_size, self.block_k * self.stages) * (self.block_k * self.stages)

@@ -27,7 +27,7 @@ from schedulers import MAX_SHARERS, StreamKTileScheduler, launch_blocks
 
 
 # v7's tiles and clusters at their deepest rings; stream_k is on or off per schedule, and the
-# tuner picks. With 128 x 256 only in clusters of two (see register_split) and not with
+# tuner picks. With 128 x 256 the space has it in clusters of two only, and not with
 # 128 x 224: the partial loaded beside a 64 x 224 accumulator is 2 x 112 = 224 registers a
 # thread, all but 8 of even the register split's 232. group_m is 8 alone: v7's tuner chose 8
 # at most shapes of more than one wave, and with fewer units than SMs it is moot.
@@ -281,9 +281,9 @@ class HopperMatmulV8(tilus.Script):
     def start_from_partial(self, warpgroup: int, k_begin: int32, k_end: int32):
         """A fresh accumulator: the sharer's sum for the owner's piece, zeros for any other piece.
 
-        Every piece loads and adds to zeros, the others from past the workspace: where the
-        accumulator was either loaded or constant zeros, ptxas serialised every wgmma of the
-        kernel (C7515), and where the load wrote it directly, too (C7514).
+        Every piece adds a loaded partial to zeros: the owner its sharer's, the others rows past
+        the workspace, masked to zeros. Branching between loaded and zeros makes ptxas serialise
+        every wgmma (C7515); loading straight into the accumulator does too (C7514).
         """
         acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
         owner = k_begin > 0 and k_end == self.scheduler.k_blocks

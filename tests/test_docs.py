@@ -220,15 +220,15 @@ def test_the_ring_diagram_follows_the_pipeline_contract():
     assert steps[0]["work"] > steps[0]["take"]  # ... and the consumer's first wait blocks
 
 
-RANGE = re.compile(r"`(\w+)` \((\d+)-(\d+)\)")
+RANGE = re.compile(r"`(\w+)`\s+\((\d+)-(\d+)[),]")
 
 
 def method_ranges(source: str) -> dict[str, list[tuple[int, int]]]:
-    """name -> [(first, last)] of each method in a file: from its def to the line before the next def, decorator or
-    class (or the class's end: the last line before the next top-level statement), 1-based."""
+    """name -> [(first, last)] of each method in a file: from its def to the line before the class's next statement
+    (a def, a decorator, an attribute) or, at the class's end, its last line, 1-based."""
     lines = source.splitlines()
     starts = [i for i, line in enumerate(lines) if re.match(r"    def \w+\(", line)]
-    ends = [i for i, line in enumerate(lines) if re.match(r"    (def |@)|\S", line)]
+    ends = [i for i, line in enumerate(lines) if re.match(r"    [^\s)]|\S", line)]  # the class's next statement
     found: dict[str, list[tuple[int, int]]] = {}
     for start in starts:
         end = next(i for i in [*ends, len(lines)] if i > start)
@@ -249,3 +249,20 @@ def test_reading_the_whole_kernel_gives_each_method_its_lines(version):
     assert cited, f"{version}.md's 'Reading the whole kernel' names no method with its lines"
     wrong = [f"{name} ({a}-{b})" for name, a, b in cited if (int(a), int(b)) not in ranges.get(name, [])]
     assert not wrong, f"{version}.md: {wrong}; the file has {[(n, ranges.get(n)) for n, _, _ in cited]}"
+
+
+def anchors(page) -> set[str]:
+    """The anchors GitHub gives a page's headings: lowercased, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_anchor_a_page_links_exists(page):
+    text = page.read_text()
+    broken = []
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", text):
+        linked = (page.parent / target) if target else page
+        if linked.suffix == ".md" and linked.exists() and anchor not in anchors(linked):
+            broken.append(f"{target}#{anchor}")
+    assert not broken, f"{page.name} links headings that do not exist: {broken}"

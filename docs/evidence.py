@@ -86,8 +86,7 @@ def builds(module_name: str, progress=print) -> dict:
     from support import build, scaled, versions
 
     module = importlib.import_module(module_name)
-    call_args = scaled.kernel_args(4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132) \
-        if versions.is_fp8(module_name) else None
+    call_args = scaled.BUILD_ARGS if versions.is_fp8(module_name) else None
     results = {}
     for table in (module.KERNELS, getattr(module, "BLOCKWISE_KERNELS", {})):
         for arch, kernel in table.items():

@@ -50,13 +50,9 @@ def hashes(module_name: str) -> dict[str, str]:
 
     import tilus.target
 
-    from support import cache, dispatch, versions
+    from support import cache, dispatch, scaled, versions
 
     module = importlib.import_module(module_name)
-    if versions.is_fp8(module_name):
-        from support import scaled
-
-        args = scaled.kernel_args(4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132)
     found = {}
     previous = tilus.target._target
     tilus.target.set_current_target(tilus.target.nvgpu_sm90a)
@@ -66,7 +62,9 @@ def hashes(module_name: str) -> dict[str, str]:
                 continue
             kernel = table["hopper"]
             cache.use_cache(kernel, "compile-sm_90a")
-            call = args if versions.is_fp8(module_name) else dispatch.kernel_args(kernel, 4096, 4096, 4096, 0, 0, 0, 132)
+            # scaled.BUILD_ARGS spelled out: hashes_at runs this module in trees older than it
+            call = scaled.kernel_args(4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132) if versions.is_fp8(
+                module_name) else dispatch.kernel_args(kernel, 4096, 4096, 4096, 0, 0, 0, 132)
             jit = kernel()._jit_instance_for(*call)
             for index, program in zip(jit.transpiled_schedules, jit.transpiled_programs):
                 found[prefix + schedule_key(jit.schedules[index])] = program_hash(program)

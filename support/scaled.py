@@ -210,6 +210,11 @@ def kernel_args(m: int, n: int, k: int, a, b, out, scale_a, scale_b, scale_strid
     return (m, n, k, a, b, out, num_sms, *workspace, scale_a, scale_b, *scale_strides)
 
 
+# a 4096-cube call's arguments, pointers as 0 and unit scale strides (strides are arguments, not
+# compiled in): what building an fp8 kernel without a GPU passes
+BUILD_ARGS = kernel_args(4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132)
+
+
 # (id of a version's KERNELS, scaling, strides, out dtype, device index, M, N, K) ->
 # (compiled launch function, SM count, the stream-K workspace's two addresses)
 _launchers: dict[tuple, object] = {}

@@ -31,9 +31,7 @@ import contextlib, json, {version}
 from support import build, compat, scaled, versions
 kernel = {version}.KERNELS[{arch!r}]
 {pin}
-# an fp8 kernel takes scales and a workspace: arguments of a 4096-cube call
-call_args = scaled.kernel_args(4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132) \
-    if versions.is_fp8({version!r}) else None
+call_args = scaled.BUILD_ARGS if versions.is_fp8({version!r}) else None
 with {off}:
     results = build.build_schedules(kernel, {arch!r}, progress=lambda line: None, call_args=call_args)
 print(json.dumps([{{"error": r.error, "module_dir": str(r.module_dir), "warnings": r.ptxas_warnings}} for r in results]))

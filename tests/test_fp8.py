@@ -22,8 +22,6 @@ KERNEL_TABLES = ["matmul_v10.KERNELS", "matmul_v11.KERNELS", "matmul_v11.BLOCKWI
 MODULES = {"matmul_v10": matmul_v10, "matmul_v11": matmul_v11}
 # each scaling's version (support/scaled.py: VERSION_OF) and its kernel table
 MATMUL = {"tensor": matmul_v10, "row": matmul_v10, "block": matmul_v11}
-# pointers as 0 and unit scale strides: the strides are kernel arguments, not compiled in
-BUILD_ARGS = scaled.kernel_args(4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132)
 
 
 def kernel_table(table: str) -> dict:
@@ -34,7 +32,7 @@ def kernel_table(table: str) -> dict:
 
 @functools.cache  # each kernel's whole space once per session: 10-20 s each, CI has 2 cores
 def built(table: str, arch: str = "hopper") -> list[build.BuildResult]:
-    return build.build_schedules(kernel_table(table)[arch], arch, progress=lambda line: None, call_args=BUILD_ARGS)
+    return build.build_schedules(kernel_table(table)[arch], arch, progress=lambda line: None, call_args=scaled.BUILD_ARGS)
 
 
 def describe(r: build.BuildResult, arch: str = "hopper") -> str:
@@ -106,7 +104,7 @@ def test_fp16_output_builds_and_stores_fp16(arch):
 
     assert output_types(built("matmul_v10.KERNELS", arch)[0]) == ({"UINT8", "BFLOAT16"}, {"bf16"})
     (r,) = build.build_schedules(matmul_v10.KERNELS[arch], arch, progress=lambda line: None,
-                                 script_kwargs={"out_dtype": tilus.float16}, call_args=BUILD_ARGS, limit=1)
+                                 script_kwargs={"out_dtype": tilus.float16}, call_args=scaled.BUILD_ARGS, limit=1)
     assert r.ok and (r.spill_bytes, r.stack_bytes, r.ptxas_warnings) == (0, 0, []), describe(r, arch)
     assert output_types(r) == ({"UINT8", "FLOAT16"}, {"f16"})
 

@@ -33,9 +33,9 @@ from wgmma_fresh import mma_fresh
 BOX_K = 128
 
 # v9's tiles and rings in bytes: a K block of 128 fp8 columns is 128 B a row, as 64 fp16 columns
-# were, so every slot and ring keeps v9's size (128 x 256: 4 x (16 + 32) KiB + two 16 KiB output
-# rings); the decode tiles take 256 columns, two boxes, as v9's took 128. No 128 x 224: its
-# 32-column boxes would need their own ring. stream_k and swap_ab as in v9, the tuner picks.
+# were, so slots and rings keep v9's sizes (128 x 256: 4 x (16 + 32) KiB + two 16 KiB output
+# rings); decode tiles take 256 columns, two boxes. No 128 x 224 (its 32-column boxes would need
+# their own ring), no swapped 128 x 64 (not carried over). stream_k and swap_ab: the tuner picks.
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
     [128, 256, 128, 4, 1, False, False], [128, 256, 128, 4, 2, False, False],
     [128, 256, 128, 4, 2, False, True],

@@ -25,7 +25,7 @@ from support.build import build_schedules
 from support.cache import REPO, use_cache
 from support.dispatch import chosen_schedule, format_schedule, jit_instance, kernel_args, space_size
 from support.gpu import ARCHS, UnsupportedGPUError, gpu_arch, gpu_label, gpu_slug
-from support.measure import DTYPE_NAMES, REL_ERR_TOL, passes, random_inputs, relative_error, sync_or_exit
+from support.measure import CHECK_TILE, DTYPE_NAMES, REL_ERR_TOL, passes, random_inputs, relative_error, sync_or_exit
 
 RESULTS_DIR = REPO / "results"
 CSV_FIELDS = ["gpu", "version", "dtype", "regime", "m", "n", "k", "ms", "tflops", "pct_of_cublas", "host_us", "sm_mhz",
@@ -242,7 +242,7 @@ def _run(version: str, kernels: dict, matmul, arch_name: str, args) -> int:
     gpu = torch.cuda.get_device_name()
     print(f"{version} on {gpu} ({ARCHS[arch_name].sm}, {script_cls.__name__}); "
           f"{args.dtype}; reference: fp32 torch matmul, tolerance {REL_ERR_TOL[DTYPE_NAMES[args.dtype]]:g} relative "
-          "Frobenius error")
+          f"error of the worst {CHECK_TILE} x {CHECK_TILE} tile")
     if args.check_only:
         return _check_only(version, script_cls, matmul, args)
     save = (lambda rows: save_rows(rows, gpu_slug(gpu))) if args.save else None

@@ -102,6 +102,29 @@ def test_later_calls_go_straight_to_the_launch_function(version, monkeypatch):
         assert module.matmul(a, b, out=out) is out and measure.passes(measure.relative_error(out, expected))
 
 
+def test_the_tuner_ranks_its_finalists_back_to_back():
+    # every schedule once; the finalists, the pick first, with a back-to-back time; the caller's operands untouched
+    import tilus
+
+    import matmul_v9
+    from support import dispatch
+
+    script_cls = matmul_v9.KERNELS[gpu.gpu_arch()]
+    a, b, _ = measure.random_inputs(128, 1024, 2048, seed=5)
+    a0, b0 = a.clone(), b.clone()
+    out = torch.empty(128, 1024, dtype=a.dtype, device="cuda")
+    args = dispatch.kernel_args(script_cls, 128, 1024, 2048, a, b, out)
+    dispatch.use_cache(script_cls, gpu.gpu_label())
+    jit = script_cls(dtype=tilus.float16)._jit_instance_for(*args)
+    jit.programs()
+    timed = dispatch.rank_schedules(jit, args)
+    assert sorted(t.index for t in timed) == list(range(len(jit.compiled_programs)))
+    finalists = [t for t in timed if t.loop_ms is not None]
+    assert len(finalists) == min(dispatch.TUNE_FINALISTS, len(timed)) and timed[0] in finalists
+    assert all(0 < t.loop_ms < 10 and 0 < t.burst_ms < 10 for t in timed if t.loop_ms is not None)
+    assert a.equal(a0) and b.equal(b0)
+
+
 def test_gpu_only_input_rules():
     import matmul_v1
 

@@ -1,10 +1,10 @@
 """v10: fp8 (e4m3) A and B at twice the tensor rate, with per-tensor or row-wise scales.
 
 An fp8 value holds 3 mantissa bits and a range of +-448, so each operand comes with scales:
-A ~= A8 * scale_a, B ~= B8 * scale_b. A scale per row of A and per row of B (row-wise) or one
-each (per-tensor, stride 0) multiply the fp32 sums in the epilogue: C[i, j] = scale_a[i] *
-scale_b[j] * sum_k A8[i, k] B8[j, k]. They are loaded during the last K block's wgmmas. wgmma
-takes e4m3 K-major, 32 K a step; a K block of 128 fp8 is 128 bytes a row, one swizzled box.
+A ~= A8 * scale_a, B ~= B8 * scale_b, one each (per-tensor) or one per row of A and of B
+(row-wise). They multiply the sums in the epilogue: C[i, j] = scale_a[i] scale_b[j] sum_k
+A8[i, k] B8[j, k], each sum all of K in the fp8 wgmma's accumulator (torch: use_fast_accum).
+wgmma takes e4m3 K-major, 32 K a step; a K block of 128 fp8 is 128 bytes a row, one box.
 The K loop takes half the time, so the epilogue weighs twice as much: each consumer owns a
 ring of two output boxes, box b's TMA store running while box b + 1 is written.
 
@@ -457,4 +457,6 @@ quantize = scaled.quantize
 
 
 if __name__ == "__main__":
-    sys.exit(scaled.main("v10", KERNELS, None, matmul))
+    # a first run: per-tensor at a square, beside v9 in bf16, and at decode; --full times every scaling and size
+    sys.exit(scaled.main("v10", KERNELS, None, matmul, bf16="matmul_v9",
+                         default=[((4096, 4096, 4096), ("tensor", "bf16")), ((64, 14336, 4096), ("tensor",))]))

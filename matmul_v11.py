@@ -6,7 +6,8 @@ registers: the promotion (HopperMatmulV11Blockwise). A sum that never runs longe
 also loses less to the fp8 wgmma's short accumulator. Each slot brings its K block's scales
 with its A and B. The sum and a partial are 2 x 64 registers a thread at 64 x 128 per
 warpgroup, so tiles are at most 128 wide; 192 x 128 tiles have three consumer warpgroups, so
-two others' wgmmas run while one promotes. Per-tensor and row-wise scales run v10's kernel.
+two others' wgmmas run while one promotes. Per-tensor and row-wise scales run v10's kernel, or,
+with accumulate="promoted", the promotion with v10's scales after it (HopperMatmulV11Promoted).
 
 Constraints as in v10. Run: python matmul_v11.py [--sizes ...]. Walkthrough: docs/v11.md
 """
@@ -618,26 +619,54 @@ class HopperMatmulV11Blockwise(HopperMatmulV11):
         return acc  # scaled K block by K block already
 
 
+# Per-tensor and row-wise scales with the promotion (matmul's accumulate="promoted"), as precise as
+# torch._scaled_mm's default: the block-wise K loop with every K block's scale 1, and v10's scales
+# on the finished sum. Same tiles as the block-wise kernel.
+class HopperMatmulV11Promoted(HopperMatmulV11Blockwise):
+    scale_views = HopperMatmulV11.scale_views  # a scale per row and per column, as v10's
+    load_piece = HopperMatmulV11.load_piece  # the slots bring no scales
+    acquire_slot = HopperMatmulV11.acquire_slot
+
+    def block_scales(self, warpgroup: int, box: int32):
+        """Every K block's partial is added as it is: the promotion alone."""
+        return 1.0, 1.0
+
+    def scaled(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32) -> RegisterTensor:
+        """The promoted sum times its rows' and columns' scales, as v10's epilogue does."""
+        rows, cols = self.tile_scales(warpgroup, tile_m, tile_n)
+        return acc * rows * cols
+
+
 KERNELS = support.kernels("v11", hopper=HopperMatmulV11)
 BLOCKWISE_KERNELS = support.kernels("v11", hopper=HopperMatmulV11Blockwise, table="BLOCKWISE_KERNELS")
+# Hopper only: blackwell/matmul_v11.py has no promoted kernel for per-tensor and row-wise scales
+PROMOTED_KERNELS = support.kernels("v11", hopper=HopperMatmulV11Promoted, table="PROMOTED_KERNELS")
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-           out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+           out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+           accumulate: str | None = None) -> torch.Tensor:
     """C = (A * scale_a) @ (B * scale_b).T for fp8 e4m3 A (M x K) and B (N x K), fp32 accumulation, C bf16 or fp16.
 
     The scaling is read from the float32 scales' shapes: one value each (per-tensor);
     scale_a M x 1 and scale_b N x 1 (row-wise); scale_a M x ceil(K / 128) and scale_b
     ceil(N / 128) x ceil(K / 128) (block-wise, 1 x 128 and 128 x 128). ``quantize`` makes
     them; block-wise scale_a is read M-major, as ``quantize`` returns it (other layouts are copied
-    each call). C is ``out_dtype``, or the dtype of ``out`` where one is given. Raises
-    TypeError/ValueError naming the rule for input the kernels cannot take.
+    each call). Per-tensor and row-wise scales run v10's kernel unless ``accumulate`` is
+    "promoted": then each K block's sum is added into fp32, as torch._scaled_mm's default
+    does (more precise; its cost: docs/v11.md#precision); "fast" or None keeps v10's. C is
+    ``out_dtype``, or the dtype of ``out`` where one is given. Raises TypeError/ValueError
+    naming the rule for input the kernels cannot take.
     """
-    return scaled.launch(KERNELS, BLOCKWISE_KERNELS, a, b, scale_a, scale_b, out, out_dtype)
+    return scaled.launch(KERNELS, BLOCKWISE_KERNELS, a, b, scale_a, scale_b, out, out_dtype, accumulate,
+                         PROMOTED_KERNELS)
 
 
 quantize = scaled.quantize
 
 
 if __name__ == "__main__":
-    sys.exit(scaled.main("v11", KERNELS, BLOCKWISE_KERNELS, matmul))
+    # a first run: block-wise at a square and at decode; --full: every scaling, promoted and (v10's) fast, and v9 in bf16
+    sys.exit(scaled.main("v11", KERNELS, BLOCKWISE_KERNELS, matmul, promoted_kernels=PROMOTED_KERNELS,
+                         beside="matmul_v10", bf16="matmul_v9",
+                         default=[((4096, 4096, 4096), ("block",)), ((64, 14336, 4096), ("block",))]))

@@ -444,24 +444,28 @@ def _idea(version: str) -> str:
 def versions_table(rows: list[dict], size: str, dtype: str = "fp16", fp8_rows: list[dict] = ()) -> str:
     """The README's table: each version, its idea and its walkthrough, with one shape's progression in both regimes.
 
-    The fp8 versions' cells come from ``fp8_rows`` (results/<gpu>_fp8.csv): the scaling each runs
-    (v10 per-tensor, v11 block-wise) against cuBLAS's fp8 kernel with the same scales.
+    The fp8 versions' cells come from ``fp8_rows`` (results/<gpu>_fp8.csv): the first scaling each
+    runs (v10 per-tensor, v11 block-wise), with its % of the cuBLAS fp8 kernel that adds as it
+    does, where that was timed in the same run (``_fp8_pct``).
     """
     size = "x".join(map(str, cli.parse_size(size)))
     by_key = {(r["version"], r["regime"]): r for r in rows if r["dtype"] == dtype and r["ms"] and _size(r) == size}
+    fp8_by_key = _fp8_rows(fp8_rows)
     fp8 = {(r["version"], r["regime"]): r for r in fp8_rows if r.get("regime") and _size(r) == size}
     regimes = list(REGIMES)[::-1]  # burst (the kernel alone) first
     lines = [f"| file | idea | {_shape(size)}, " + f" | {_shape(size)}, ".join(regimes) + " | walkthrough |",
              "|---|---|" + "---|" * len(regimes) + "---|"]
     for version in (v.removeprefix("matmul_") for v in versions.lesson()):
-        scaling = next((s for s, v in scaled.VERSION_OF.items() if v == version), None)
+        scaling = next((s for s in scaled.SCALINGS if any(name == f"{version} {s}" for name, _ in fp8)), None)
         cells = []
         for regime in regimes:
             if (r := by_key.get((version, regime))):
                 cells.append(f"{float(r['tflops']):.0f} TFLOPS ({_pct(r)})")
             elif scaling and (r := fp8.get((f"{version} {scaling}", regime))):
-                label = {"tensor": "per-tensor", "row": "row-wise", "block": "block-wise"}[scaling]
-                cells.append(f"{float(r['tflops']):.0f} TFLOPS fp8 {label} ({_pct(r)} of cuBLAS's)")
+                pct = _fp8_pct(r, fp8_by_key)
+                versus = "cuBLAS block-wise" if scaling == "block" else "cuBLAS fast"
+                cells.append(f"{float(r['tflops']):.0f} TFLOPS fp8 {_fp8_label(scaling)}"
+                             + (f" ({pct} of {versus})" if pct else ""))
             else:
                 cells.append("-")
         lines.append(f"| `matmul_{version}.py` | {_idea(version)} | " + " | ".join(cells)
@@ -475,7 +479,9 @@ def versions_table(rows: list[dict], size: str, dtype: str = "fp16", fp8_rows: l
     return "\n".join(lines) + (f"\n\n{rows[0]['gpu']}, {dtype} (v10 and v11: fp8 e4m3 with bf16 C), measured "
                                f"{', '.join(dates)}: % of cuBLAS timed in the same run, ± half the spread over the "
                                "rounds ([how](docs/reference.md#how-the-numbers-are-measured), [every shape](docs/"
-                               "results.md)).\n")
+                               "results.md)). fp8: % of cuBLAS adding as the kernel does: v10 in the fp8 tensor "
+                               "core's accumulator (cuBLAS fast: use_fast_accum=True), v11 promoting into fp32 "
+                               "(cuBLAS's default); no % where that one was not timed in the same run.\n")
 
 
 def repeat_table(rows: list[dict], again: list[dict]) -> str:
@@ -508,8 +514,14 @@ def repeat_table(rows: list[dict], again: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def model_table(rows: list[dict]) -> str:
-    """model_llama.py's rows: tokens per second of the model on cuBLAS and on a version, each scenario and mode."""
+def model_table(rows: list[dict], run: str = "v9") -> str:
+    """model_llama.py's rows of one run (its --version): tokens per second of the model on cuBLAS and on a version,
+    each scenario and mode; an fp8 run's table is ``fp8_model_table``'s."""
+    rows = [r for r in rows if r.get("run", "v9") == run]  # rows from before the run column are v9's
+    if not rows:
+        return f"Not measured yet: `python model_llama.py --version {run}` measures it.\n"
+    if any("fp8" in r["backend"] for r in rows):
+        return fp8_model_table(rows)
     versions = sorted({r["backend"] for r in rows} - {"cublas"})
     by_key = {(r["backend"], r["scenario"], r["mode"]): r for r in rows}
     lines = ["| scenario | mode | cuBLAS: tokens/s | " + " | ".join(f"{v}: tokens/s (% of cuBLAS)" for v in versions)
@@ -522,30 +534,132 @@ def model_table(rows: list[dict]) -> str:
                             if (r := by_key.get((v, scenario, mode))) and r["gemm_share"]) or "-"
         lines.append(f"| {scenario} | {mode} | {float(cublas['tokens_per_s']):,.0f} | " + " | ".join(cells)
                      + f" | {shares} |")
-    first = rows[0]
+    first, version = rows[0], next(r for r in rows if r["backend"] != "cublas")
     lines += ["", f"{first['model']} (random bf16 weights), {first['gpu']}, {first['date']}, torch {first['torch']}, "
               f"transformers {first['transformers']}: median of 3 windows per backend, backends in a fresh random order "
               "each round, ± half the spread; GEMM share cuBLAS / version. Logits against the cuBLAS model: relative "
-              f"error {float(first['logits_rel_err']):.1e}, the same next token at {100 * float(first['top1_agree']):.0f}% "
-              f"of positions; graph breaks under torch.compile(fullgraph=True): "
+              f"error {float(version['logits_rel_err']):.1e}, the same next token at "
+              f"{100 * float(version['top1_agree']):.0f}% of positions; graph breaks under torch.compile(fullgraph=True): "
               f"{sum(int(r['graph_breaks'] or 0) for r in rows)}."]
     return "\n".join(lines) + "\n"
 
 
-def _fp8(scaling: str) -> str:
-    """The contender name of the version that runs a scaling: 'v10 tensor', 'v10 row', 'v11 block'."""
-    return f"{scaled.VERSION_OF[scaling]} {scaling}"
+def fp8_model_table(rows: list[dict]) -> str:
+    """An fp8 run of model_llama.py: the bf16 model on cuBLAS, the fp8 model on a version's op and on
+    torch._scaled_mm (the peer), tokens per second in each scenario and mode."""
+    fp8 = next(r["backend"] for r in rows if "fp8" in r["backend"] and "scaled_mm" not in r["backend"])
+    peer = next((r["backend"] for r in rows if "scaled_mm" in r["backend"]), None)
+    backends = [fp8] + ([peer] if peer else [])
+    by_key = {(r["backend"], r["scenario"], r["mode"]): r for r in rows}
+    lines = ["| scenario | mode | bf16 cuBLAS: tokens/s | " + " | ".join(f"{b}: tokens/s (% of bf16)" for b in backends)
+             + (f" | {fp8.split()[0]} / scaled_mm" if peer else "") + " | share of GPU time in GEMMs (eager) |",
+             "|---|---|---|" + "---|" * len(backends) + ("---|" if peer else "") + "---|"]
+    for scenario, mode in dict.fromkeys((r["scenario"], r["mode"]) for r in rows):
+        cublas = by_key.get(("cublas", scenario, mode))
+        cells = [f"{float(r['tokens_per_s']):,.0f} ({float(r['pct_of_cublas']):.1f}% ±{float(r['pct_spread']) / 2:.1f})"
+                 if (r := by_key.get((b, scenario, mode))) else "-" for b in backends]
+        if peer:
+            mine, theirs = by_key.get((fp8, scenario, mode)), by_key.get((peer, scenario, mode))
+            cells.append(f"{float(mine['tokens_per_s']) / float(theirs['tokens_per_s']):.2f}x" if mine and theirs
+                         else "-")
+        shares = " / ".join(f"{100 * float(r['gemm_share']):.0f}%" for b in ["cublas", *backends]
+                            if (r := by_key.get((b, scenario, mode))) and r["gemm_share"]) or "-"
+        lines.append(f"| {scenario} | {mode} | {float(cublas['tokens_per_s']):,.0f} | " + " | ".join(cells)
+                     + f" | {shares} |")
+    first = rows[0]
+    errors = "; ".join(f"{b} {float(r['logits_rel_err']):.1e}, the same next token at {100 * float(r['top1_agree']):.1f}%"
+                       for b in backends if (r := next((r for r in rows if r["backend"] == b), None)))
+    lines += ["", f"{first['model']} (random bf16 weights), {first['gpu']}, {first['date']}, torch {first['torch']}, "
+              f"transformers {first['transformers']}: median of 3 windows per backend, backends in a fresh random order "
+              "each round, ± half the spread; GEMM share bf16 cuBLAS / " + " / ".join(backends) + ". The LM head "
+              "stays bf16 in every model. Logits against the bf16 model, relative Frobenius error: " + errors
+              + f". Graph breaks under torch.compile(fullgraph=True): {sum(int(r['graph_breaks'] or 0) for r in rows)}."]
+    return "\n".join(lines) + "\n"
+
+
+def quant_table(rows: list[dict]) -> str:
+    """model_llama.py --quant's rows: the activation quantizer's time at prefill shapes, against a copy's
+    bandwidth and against the GEMM it feeds."""
+    if not rows:
+        return "Not measured yet: `python model_llama.py --version v11 --quant` measures it.\n"
+    lines = ["| quantizer | M x K | GEMM (M x N x K) | quantizer µs | % of copy bandwidth | GEMM µs | quantizer / GEMM |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['granularity']} ({r['version']}) | {r['m']} x {r['k']} | {r['m']}x{r['n']}x{r['k']} | "
+                     f"{1e3 * float(r['quant_ms']):.1f} | {float(r['pct_of_bandwidth']):.1f}% | "
+                     f"{1e3 * float(r['gemm_ms']):.1f} | {float(r['pct_of_gemm']):.1f}% |")
+    first = rows[0]
+    worst = max(float(r["x8_mismatch"]) for r in rows)
+    lines += ["", f"{first['gpu']}, {first['date']}, torch {first['torch']}: each launch alone, L2 flushed, median of "
+              "the burst's runs. Bytes: the bf16 input read, the e4m3 output and the float32 scales written; the "
+              "bandwidth is a device-to-device copy's in the same run. Largest share of e4m3 values unlike "
+              f"scaled.quantize's: {worst:.1e}."]
+    return "\n".join(lines) + "\n"
+
+
+def model_block(csv_dir: Path, slug: str, args: list[str]) -> str:
+    """<!-- model <slug> [run | quant] -->: a run's model table, or the activation quantizer's."""
+    if args and args[0] == "quant":
+        path = csv_dir / f"{slug}_quant.csv"
+        return quant_table(cli.read_csv(path) if path.exists() else [])
+    return model_table(cli.read_csv(csv_dir / f"{slug}_model.csv"), args[0] if args else "v9")
+
+
+def _fp8_rows(rows: list[dict]) -> dict[tuple, dict]:
+    """results/<gpu>_fp8.csv's timed rows by (contender, regime, M, N, K)."""
+    return {(r["version"], r["regime"], int(r["m"]), int(r["n"]), int(r["k"])): r for r in rows if r.get("regime")}
+
+
+def _fp8_kernel(rows, scaling: str, promoted: bool = False) -> str:
+    """The contender name of the version that runs a scaling, from the rows ('v10 tensor', 'v11 block', with
+    ``promoted`` 'v11 tensor promoted'): the earliest version with such rows."""
+    pattern = re.compile(rf"v(\d+) {scaling}" + (" promoted" if promoted and scaling != "block" else ""))
+    found = sorted({r["version"] for r in rows if pattern.fullmatch(r["version"])},
+                   key=lambda name: int(name[1:].split()[0]))
+    return found[0] if found else f"v? {scaling}"
+
+
+def _fp8_pct(r: dict, by_key: dict) -> str:
+    """A row's % of the contender that adds as it does (``scaled.versus_of``), with half the spread: '95.5% ±1.0';
+    '' where that contender has no row of the same size, regime and date (a row from before the fast contenders
+    were timed, or a shape where torch takes no such scales), and for a cuBLAS row itself."""
+    size = (int(r["m"]), int(r["n"]), int(r["k"]))
+    names = {key[0] for key in by_key if key[1] == r["regime"] and key[2:] == size}
+    versus = scaled.versus_of(r["version"], names)
+    other = by_key.get((versus, r["regime"], *size)) if versus and versus != r["version"] else None
+    if other is None or other["date"] != r["date"] or not r.get("pct_of_cublas"):
+        return ""
+    return _pct(r)
+
+
+def _fp8_cell(by_key: dict, name: str, regime: str, size: tuple) -> str:
+    """A contender's TFLOPS at a size and regime, with its % of the cuBLAS that adds alike; "-" where not measured."""
+    r = by_key.get((name, regime, *size))
+    if r is None:
+        return "-"
+    pct = _fp8_pct(r, by_key)
+    return f"{float(r['tflops']):,.0f}" + (f" ({pct})" if pct else "")
+
+
+def _fp8_label(scaling: str) -> str:
+    return {"tensor": "per-tensor", "row": "row-wise", "block": "block-wise"}[scaling]
+
+
+FP8_INPUTS = ("Inputs: random normal bf16, quantized per tensor, per row, or in 1 x 128 (A) and 128 x 128 (B) blocks; "
+              "C bf16. Burst and back to back as in docs/reference.md.")
+FP8_VERSUS = ("Each % is of cuBLAS (torch._scaled_mm) with the same scaling, adding as the kernel does: per-tensor and "
+              "row-wise with use_fast_accum=True (cuBLAS fast), block-wise its default (both promote). ± is half the "
+              "spread over the rounds. No % where that cuBLAS was not timed in the same run.")
 
 
 def fp8_table(rows: list[dict], decode: bool) -> str:
-    """The fp8 versions' rows (matmul_v10.py, matmul_v11.py): each scaling against torch._scaled_mm with the same,
-    and the newest 16-bit version and cuBLAS in bf16.
+    """The fp8 versions' rows (matmul_v10.py, matmul_v11.py): each scaling against torch._scaled_mm adding alike, and
+    the 16-bit version and cuBLAS in bf16.
 
     Large shapes in TFLOPS, decode shapes (M <= 64) in % of the copy bandwidth; each fp8 cell
-    also gives its % of cuBLAS with the same scaling (of the per-tensor kernel for block-wise
-    where torch has no block-wise fp8 at that shape) and half the spread.
+    also gives its % of cuBLAS adding alike (``_fp8_pct``) where that was timed in its run.
     """
-    by_key = {(r["version"], r["regime"], int(r["m"]), int(r["n"]), int(r["k"])): r for r in rows if r.get("regime")}
+    by_key = _fp8_rows(rows)
     sizes = sorted({key[2:] for key in by_key if (key[2] <= 64) == decode}, key=lambda s: (s[0] * s[1] * s[2], s))
     value = (lambda r: f"{float(r['pct_of_bandwidth']):.0f}%") if decode else (lambda r: f"{float(r['tflops']):,.0f}")
 
@@ -553,100 +667,160 @@ def fp8_table(rows: list[dict], decode: bool) -> str:
         r = by_key.get((name, regime, *size))
         if r is None:
             return "-"
-        ratio = f" ({float(r['pct_of_cublas']):.1f}% ±{float(r['pct_spread']) / 2:.1f})" if versus else ""
-        return value(r) + ratio
+        pct = _fp8_pct(r, by_key) if versus else ""
+        return value(r) + (f" ({pct})" if pct else "")
 
     unit = "% of copy bandwidth" if decode else "TFLOPS"
-    bf16, tensor = scaled.BF16_VERSION, _fp8("tensor")
+    bf16 = next((r["version"] for r in rows if r["dtype"] == "bf16" and r["version"] != "cublas"), "v?")
+    names = {s: _fp8_kernel(rows, s) for s in scaled.SCALINGS}
+    tensor = names["tensor"]
+    cublas = {s: scaled.cublas_name(s, "promoted" if s == "block" else "fast") for s in scaled.SCALINGS}
     lines = [f"| size | regime | bf16: cuBLAS / {bf16} | " + " | ".join(
-                 f"{label}: cuBLAS / {scaled.VERSION_OF[s]}" for s, label in
-                 (("tensor", "per-tensor"), ("row", "row-wise"), ("block", "block-wise")))
-             + f" | {scaled.VERSION_OF['tensor']} per-tensor / {bf16} |", "|---|---|---|---|---|---|---|"]
+                 f"{_fp8_label(s)}: cuBLAS{' fast' if s != 'block' else ''} / {names[s].split()[0]}"
+                 for s in scaled.SCALINGS) + f" | {tensor.split()[0]} per-tensor / {bf16} speed |",
+             "|---|---|---|---|---|---|---|"]
     for size in sizes:
         for regime in ("burst", "back-to-back"):
             old, new = by_key.get((bf16, regime, *size)), by_key.get((tensor, regime, *size))
             speedup = f"{float(old['ms']) / float(new['ms']):.2f}x" if old and new else "-"
             lines.append(f"| {'x'.join(map(str, size))} | {regime} | {cell('cublas', regime, size)} / "
                          f"{cell(bf16, regime, size)} | " + " | ".join(
-                             f"{cell(f'cublas fp8 {s}', regime, size)} / {cell(_fp8(s), regime, size, True)}"
-                             for s in ("tensor", "row", "block")) + f" | {speedup} |")
+                             f"{cell(cublas[s], regime, size)} / {cell(names[s], regime, size, True)}"
+                             for s in scaled.SCALINGS) + f" | {speedup} |")
     dates = sorted({r["date"] for r in rows})
     first = rows[0]
     lines += ["", f"{first['gpu']}, {', '.join(dates)}, tilus {first['tilus']}, torch {first['torch']}: {unit}. "
-              "Each fp8 cell's % is of cuBLAS (torch._scaled_mm) with the same scaling, ± half the spread over the "
-              "rounds. Where torch takes no block-wise scales at a shape (-), it is of the per-tensor kernel. Inputs: "
-              "random normal bf16, quantized per tensor, per row, or in 1 x 128 (A) and 128 x 128 (B) blocks; C bf16. "
-              "Burst and back to back as in docs/reference.md."]
+              f"{FP8_VERSUS} {FP8_INPUTS}"]
     return "\n".join(lines) + "\n"
 
 
 def fp8_blockwise_table(rows: list[dict]) -> str:
-    """The block-wise kernel (v11) against cuBLAS's block-wise and the per-tensor kernel (v10), at every size: TFLOPS
-    (% of the copy bandwidth at decode), and block-wise's speed over per-tensor's."""
-    by_key = {(r["version"], r["regime"], int(r["m"]), int(r["n"]), int(r["k"])): r for r in rows if r.get("regime")}
-    block, tensor = _fp8("block"), _fp8("tensor")
+    """The block-wise kernel (v11) against cuBLAS's block-wise and the fast per-tensor kernel (v10), at every size:
+    TFLOPS (% of the copy bandwidth at decode), and block-wise's speed over per-tensor's."""
+    by_key = _fp8_rows(rows)
+    block, tensor = _fp8_kernel(rows, "block"), _fp8_kernel(rows, "tensor")
     sizes = sorted({key[2:] for key in by_key if key[0] == block}, key=lambda s: (s[0] > 64, s[0] * s[1] * s[2], s))
 
     def value(r):
         return f"{float(r['pct_of_bandwidth']):.0f}% of copy" if int(r["m"]) <= 64 else f"{float(r['tflops']):,.0f}"
 
-    lines = [f"| size | regime | cuBLAS block-wise | {block} (% of cuBLAS's) | {tensor} | {scaled.VERSION_OF['block']} / "
-             f"{scaled.VERSION_OF['tensor']} speed |", "|---|---|---|---|---|---|"]
+    lines = [f"| size | regime | cuBLAS block-wise | {block} (% of cuBLAS block-wise) | {tensor} (fast) | "
+             f"{block.split()[0]} / {tensor.split()[0]} speed |", "|---|---|---|---|---|---|"]
     for size in sizes:
         for regime in ("burst", "back-to-back"):
             ours, cublas, per_tensor = (by_key.get((name, regime, *size)) for name in (block, "cublas fp8 block", tensor))
             if ours is None:
                 continue
-            versus = (f" ({float(ours['pct_of_cublas']):.1f}% ±{float(ours['pct_spread']) / 2:.1f})"
-                      if cublas else "")
+            pct = _fp8_pct(ours, by_key)
             speed = f"{float(per_tensor['ms']) / float(ours['ms']):.2f}" if per_tensor else "-"
             lines.append(f"| {'x'.join(map(str, size))} | {regime} | {value(cublas) if cublas else '-'} | "
-                         f"{value(ours)}{versus} | {value(per_tensor) if per_tensor else '-'} | {speed} |")
+                         f"{value(ours)}{f' ({pct})' if pct else ''} | {value(per_tensor) if per_tensor else '-'} | "
+                         f"{speed} |")
     first = rows[0]
     lines += ["", f"{first['gpu']}, {', '.join(sorted({r['date'] for r in rows}))}: TFLOPS, or % of the copy bandwidth "
-              "at decode (M <= 64). cuBLAS is torch._scaled_mm with the same 1 x 128 and 128 x 128 scales; - where "
-              "torch takes none at that shape. ± is half the spread over the rounds."]
+              "at decode (M <= 64). cuBLAS is torch._scaled_mm with the same 1 x 128 and 128 x 128 scales, which "
+              "promotes as v11 does; - where torch takes none at that shape. ± is half the spread over the rounds."]
+    return "\n".join(lines) + "\n"
+
+
+def fp8_accumulation_table(rows: list[dict], sizes: list[str] | None = None) -> str:
+    """Per-tensor and row-wise scales both ways, at the large shapes (or ``sizes``): the fast kernel (v10) against
+    cuBLAS fast, the promoting one (v11's accumulate="promoted") against cuBLAS's default, what promoting costs each
+    in time, and each one's error."""
+    by_key = _fp8_rows(rows)
+    promoted = {s: _fp8_kernel(rows, s, promoted=True) for s in ("tensor", "row")}
+    fast = {s: _fp8_kernel(rows, s) for s in ("tensor", "row")}
+    wanted = {cli.parse_size(size) for size in sizes} if sizes else None
+    shown = sorted({key[2:] for key in by_key if key[0] in promoted.values() and key[2] > 64
+                    and (wanted is None or key[2:] in wanted)}, key=lambda s: (s[0] * s[1] * s[2], s))
+    if not shown:
+        return "Not measured yet: `python matmul_v11.py --full` measures it.\n"
+
+    def cost(slow, quick, regime, size):
+        a, b = by_key.get((slow, regime, *size)), by_key.get((quick, regime, *size))
+        return f"{float(a['ms']) / float(b['ms']):.2f}x" if a and b and a["date"] == b["date"] else "-"
+
+    def error(name, regime, size):
+        r = by_key.get((name, regime, *size))
+        return f"{float(r['rel_err']):.2e}" if r and r.get("rel_err") else "-"
+
+    ours_fast, ours_promoted = fast["tensor"].split()[0], promoted["tensor"].split()[0]
+    lines = [f"| size | scaling | regime | fast: cuBLAS fast / {ours_fast} | promoted: cuBLAS / {ours_promoted} | "
+             f"time, promoted over fast: cuBLAS / ours | error, fast: cuBLAS / {ours_fast} | error, promoted: "
+             f"cuBLAS / {ours_promoted} |", "|---|---|---|---|---|---|---|---|"]
+    for size in shown:
+        for s in ("tensor", "row"):
+            quick, slow = scaled.cublas_name(s, "fast"), scaled.cublas_name(s, "promoted")
+            for regime in ("burst", "back-to-back"):
+                lines.append(f"| {'x'.join(map(str, size))} | {_fp8_label(s)} | {regime} | "
+                             f"{_fp8_cell(by_key, quick, regime, size)} / {_fp8_cell(by_key, fast[s], regime, size)} | "
+                             f"{_fp8_cell(by_key, slow, regime, size)} / {_fp8_cell(by_key, promoted[s], regime, size)} | "
+                             f"{cost(slow, quick, regime, size)} / {cost(promoted[s], fast[s], regime, size)} | "
+                             f"{error(quick, regime, size)} / {error(fast[s], regime, size)} | "
+                             f"{error(slow, regime, size)} / {error(promoted[s], regime, size)} |")
+    first = rows[0]
+    lines += ["", f"{first['gpu']}, {', '.join(sorted({r['date'] for r in rows}))}: TFLOPS. Fast: each sum over all "
+              "of K in the fp8 wgmma's accumulator (torch._scaled_mm's use_fast_accum=True). Promoted: each K block's "
+              "sum added into fp32 (its default). Each % is of cuBLAS adding alike, ± half the spread over the "
+              "rounds. Time: promoted ms over fast ms, same run. Error: the worst 64 x 64 tile's relative error against the "
+              f"fp32 product of the dequantized inputs; rounding C to bf16 alone gives "
+              f"{measure.rounding_error(torch.bfloat16):.2e}."]
     return "\n".join(lines) + "\n"
 
 
 def fp8_peer_table(rows: list[dict]) -> str:
-    """The Triton kernels torch.compile makes of torch._scaled_mm (``matmul_v10.py --peer``) beside cuBLAS and v10."""
-    by_key = {(r["version"], r["regime"], int(r["m"]), int(r["n"]), int(r["k"])): r for r in rows if r.get("regime")}
-    sizes = sorted({key[2:] for key in by_key if key[0].startswith("triton")}, key=lambda s: (s[0] * s[1] * s[2], s))
+    """The Triton kernels torch.compile makes of torch._scaled_mm(..., use_fast_accum=True) (``matmul_v10.py --peer``)
+    beside cuBLAS and v10, all adding in the fp8 wgmma's accumulator."""
+    by_key = _fp8_rows(rows)
+    sizes = sorted({key[2:] for key in by_key if key[0].startswith("triton") and key[0].endswith("fast")},
+                   key=lambda s: (s[0] * s[1] * s[2], s))
     if not sizes:
-        return f"Not measured yet: `python matmul_{scaled.VERSION_OF['tensor']}.py --peer` measures it.\n"
+        version = _fp8_kernel(rows, "tensor").split()[0]
+        script = f"`python matmul_{version}.py --peer`" if version != "v?" else "the fp8 version's script with --peer"
+        return f"Not measured yet: {script} measures it.\n"
 
-    def cell(name, regime, size):
-        r = by_key.get((name, regime, *size))
-        return "-" if r is None else f"{float(r['tflops']):,.0f} ({float(r['pct_of_cublas']):.1f}%)"
-
-    version = scaled.VERSION_OF["tensor"]
+    names = {s: _fp8_kernel(rows, s) for s in ("tensor", "row")}
+    version = names["tensor"].split()[0]
     lines = [f"| size | regime | per-tensor: Triton / {version} | row-wise: Triton / {version} |", "|---|---|---|---|"]
     for size in sizes:
         for regime in ("burst", "back-to-back"):
             lines.append(f"| {'x'.join(map(str, size))} | {regime} | " + " | ".join(
-                f"{cell(f'triton fp8 {s}', regime, size)} / {cell(_fp8(s), regime, size)}" for s in ("tensor", "row"))
-                + " |")
+                f"{_fp8_cell(by_key, f'triton fp8 {s} fast', regime, size)} / {_fp8_cell(by_key, names[s], regime, size)}"
+                for s in ("tensor", "row")) + " |")
     first = next(r for key, r in by_key.items() if key[0].startswith("triton"))
-    lines += ["", f"{first['gpu']}, {first['date']}, torch {first['torch']}: TFLOPS (% of cuBLAS with the same scaling, "
-              "same run); Triton: torch.compile of the same torch._scaled_mm call, max-autotune-no-cudagraphs, "
-              "Inductor's Triton templates only (support/bench.py, compile_peer)."]
+    lines += ["", f"{first['gpu']}, {first['date']}, torch {first['torch']}: TFLOPS (% of cuBLAS fast with the same "
+              "scaling, same run); Triton: torch.compile of the same torch._scaled_mm(..., use_fast_accum=True) call, "
+              "max-autotune-no-cudagraphs, Inductor's Triton templates only (support/bench.py, compile_peer)."]
     return "\n".join(lines) + "\n"
 
 
 def fp8_errors_table(rows: list[dict]) -> str:
-    """Each scaling's relative error against the fp32 product of its dequantized inputs, by K (the large shapes)."""
+    """Each scaling's relative error against the fp32 product of its dequantized inputs, by K (the large shapes),
+    for each accumulation: the fast kernel and cuBLAS fast, the promoting kernel and cuBLAS's default."""
     errors = {(r["version"], int(r["m"]), int(r["n"]), int(r["k"])): float(r["rel_err"]) for r in rows if r["rel_err"]}
     sizes = sorted({key[1:] for key in errors if key[1] > 64}, key=lambda s: (s[2], s))
-    names = [*(_fp8(s) for s in scaled.SCALINGS), "cublas fp8 tensor", "cublas fp8 row", "cublas fp8 block"]
-    lines = ["| size | K | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    fast = {s: _fp8_kernel(rows, s) for s in ("tensor", "row")}
+    promoted = {s: _fp8_kernel(rows, s, promoted=True) for s in scaled.SCALINGS}
+
+    def error(name, size):
+        return f"{errors[(name, *size)]:.2e}" if (name, *size) in errors else "-"
+
+    lines = [f"| size | K | scaling | fast: {fast['tensor'].split()[0]} / cuBLAS fast | "
+             f"promoted: {promoted['block'].split()[0]} / cuBLAS |", "|---|---|---|---|---|"]
     for size in sizes:
-        lines.append(f"| {'x'.join(map(str, size))} | {size[2]:,} | " + " | ".join(
-            f"{errors[(name, *size)]:.2e}" if (name, *size) in errors else "-" for name in names) + " |")
+        for s in scaled.SCALINGS:
+            if not any((name, *size) in errors for name in (fast.get(s), promoted[s], scaled.cublas_name(s, "fast"),
+                                                             scaled.cublas_name(s, "promoted"))):
+                continue
+            quick = f"{error(fast[s], size)} / {error(scaled.cublas_name(s, 'fast'), size)}" if s in fast else "-"
+            lines.append(f"| {'x'.join(map(str, size))} | {size[2]:,} | {_fp8_label(s)} | {quick} | "
+                         f"{error(promoted[s], size)} / {error(scaled.cublas_name(s, 'promoted'), size)} |")
     first = rows[0]
-    lines += ["", f"{first['gpu']}, {first['date']}: relative Frobenius error of C (bf16) against the fp32 product "
-              f"of the same dequantized inputs; rounding C to bf16 alone gives {measure.rounding_error(torch.bfloat16):.2e} "
-              "(measure.rounding_error)."]
+    lines += ["", f"{first['gpu']}, {', '.join(sorted({r['date'] for r in rows}))}: the worst 64 x 64 tile's "
+              "relative error of C (bf16, measure.relative_error) against the fp32 product of the same dequantized "
+              "inputs; rounding C to bf16 alone gives "
+              f"{measure.rounding_error(torch.bfloat16):.2e} (measure.rounding_error). Block-wise scales are always "
+              "promoted."]
     return "\n".join(lines) + "\n"
 
 
@@ -668,8 +842,10 @@ def update_documents(csv_dir: Path = cli.RESULTS_DIR, documents: list[Path] = DO
                                                       if (again := csv_dir / f"{slug}_repeat.csv").exists() else []),
                      "versions": lambda: versions_table(rows, first[0], "fp16", cli.read_csv(fp8)
                                                         if (fp8 := csv_dir / f"{slug}_fp8.csv").exists() else []),
-                     "model": lambda: model_table(cli.read_csv(csv_dir / f"{slug}_model.csv")),
+                     "model": lambda: model_block(csv_dir, slug, args),
                      "fp8": lambda: {"errors": fp8_errors_table, "peer": fp8_peer_table, "blockwise": fp8_blockwise_table,
+                                     "accumulation": lambda r: fp8_accumulation_table(
+                                         r, args[1].split(",") if len(args) > 1 else None),
                                      "large": lambda r: fp8_table(r, False), "decode": lambda r: fp8_table(r, True)}[
                          first[0]](cli.read_csv(csv_dir / f"{slug}_fp8.csv")),
                      "repeat": lambda: repeat_table(rows, read_rows(again)) if (again := csv_dir / f"{slug}_repeat.csv")

@@ -82,13 +82,13 @@ def update_pages(tables: dict, pages: list[Path]) -> list[Path]:
 
 def builds(module_name: str, progress=print) -> dict:
     """{arch: [BuildResult, ...]} of one lesson version: its Hopper kernels and the Blackwell ones of its idea (every
-    kernel table it has: KERNELS, and v11's BLOCKWISE_KERNELS)."""
+    kernel table it has: KERNELS, and v11's BLOCKWISE_KERNELS and PROMOTED_KERNELS)."""
     from support import build, scaled, versions
 
     module = importlib.import_module(module_name)
     call_args = scaled.BUILD_ARGS if versions.is_fp8(module_name) else None
     results = {}
-    for table in (module.KERNELS, getattr(module, "BLOCKWISE_KERNELS", {})):
+    for table in (module.KERNELS, getattr(module, "BLOCKWISE_KERNELS", {}), getattr(module, "PROMOTED_KERNELS", {})):
         for arch, kernel in table.items():
             results.setdefault(arch, []).extend(build.build_schedules(kernel, arch, progress=progress,
                                                                       call_args=call_args))

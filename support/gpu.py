@@ -90,6 +90,6 @@ def kernels(version: str, hopper=None, blackwell=None, table: str = "KERNELS") -
     names its own.
     """
     if hopper is not None and blackwell is None and f"blackwell.matmul_{version}" in versions.blackwell():
-        blackwell = getattr(importlib.import_module(f"blackwell.matmul_{version}"), table)["blackwell"]
+        blackwell = getattr(importlib.import_module(f"blackwell.matmul_{version}"), table, {}).get("blackwell")
     return Kernels(version, **{arch: kernel for arch, kernel in (("hopper", hopper), ("blackwell", blackwell))
                                if kernel is not None})

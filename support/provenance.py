@@ -45,7 +45,7 @@ def schedule_key(schedule: dict) -> str:
 
 def hashes(module_name: str) -> dict[str, str]:
     """{schedule: program hash} of a version's Hopper kernels, transpiled for sm_90a (nothing is compiled); v11's
-    block-wise kernel's schedules are prefixed 'block-wise'."""
+    block-wise and promoted kernels' schedules are prefixed 'block-wise' and 'promoted'."""
     import importlib
 
     import tilus.target
@@ -57,7 +57,8 @@ def hashes(module_name: str) -> dict[str, str]:
     previous = tilus.target._target
     tilus.target.set_current_target(tilus.target.nvgpu_sm90a)
     try:
-        for prefix, table in (("", module.KERNELS), ("block-wise ", getattr(module, "BLOCKWISE_KERNELS", {}))):
+        for prefix, table in (("", module.KERNELS), ("block-wise ", getattr(module, "BLOCKWISE_KERNELS", {})),
+                              ("promoted ", getattr(module, "PROMOTED_KERNELS", {}))):
             if "hopper" not in table:
                 continue
             kernel = table["hopper"]

@@ -9,20 +9,25 @@ B8 (N x K) and float32 scales; which scaling it is follows from the scales' shap
   and scale_b ceil(N / 128) x ceil(K / 128) (128 x 128 blocks of weights).
 
 ``quantize`` makes each from a bf16 or fp32 tensor. The launch path is v1-v9's (build and
-tune once per size bucket, then one dict lookup a call), with the scaling and the output
-dtype in the key; the kernel gets the scales as addresses and element strides, so any
-strides are taken (a per-tensor scale is a row-wise one with stride 0), but for block-wise
-A's, which the Hopper kernel loads by TMA: ``m_major`` copies them where they are not M-major.
+tune once per size bucket, then one dict lookup a call), with the kernel table, the scaling
+and the output dtype in the key; the kernel gets the scales as addresses and element
+strides, so any strides are taken (a per-tensor scale is a row-wise one with stride 0), but
+for block-wise A's, which the Hopper kernel loads by TMA: ``m_major`` copies them where they
+are not M-major. Per-tensor and row-wise scales are added fast or promoted (``ACCUMULATIONS``);
+the benchmark times each kernel against the cuBLAS kernel that adds alike (``versus_of``).
 """
 
 import argparse
+import dataclasses
 import datetime
+import functools
+import importlib
 import math
 
 import tilus
 import torch
 
-from support import bench, dispatch, measure
+from support import bench, dispatch, measure, versions
 from support.checks import check_sizes
 from support.cli import REPO, RESULTS_DIR, text_table, parse_size, save_rows
 from support.gpu import ARCHS, UnsupportedGPUError, gpu_arch, gpu_label
@@ -33,10 +38,6 @@ BLOCK = 128  # a block-wise scale's K block (and its weight block's rows)
 OUT_DTYPES = {torch.bfloat16: tilus.bfloat16, torch.float16: tilus.float16}
 GRANULARITIES = ("tensor", "row", "1x128", "128x128")
 SCALINGS = ("tensor", "row", "block")
-# the version whose kernel runs each scaling: v10 per-tensor and row-wise, v11 block-wise; and the newest
-# 16-bit version, timed beside them in bf16
-VERSION_OF = {"tensor": "v10", "row": "v10", "block": "v11"}
-BF16_VERSION = "v9"
 
 
 def quantize(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,8 +147,9 @@ def _fits_out(out, out_dtype, m: int, n: int, index: int, inputs) -> bool:
             and out.is_contiguous() and not out.data_ptr() % 16 and not any(_overlaps(out, t) for t in inputs))
 
 
-def check_each_rule(a, b, scale_a, scale_b, out, out_dtype) -> tuple[int, int, int, int, str]:
-    """The rules one by one, each raising a TypeError/ValueError that names it."""
+def check_shapes(a, b, scale_a, scale_b, out_dtype) -> tuple[int, int, int, str]:
+    """The rules that need no memory (types, dtypes, shapes), one by one: (M, N, K, scaling), or a
+    TypeError/ValueError that names the rule. The fp8 op's fake implementation checks these alone."""
     for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -157,11 +159,6 @@ def check_each_rule(a, b, scale_a, scale_b, out, out_dtype) -> tuple[int, int, i
         if t.dim() != 2:
             raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
     m, n, k = check_sizes(a, b)
-    for name, t in (("a", a), ("b", b)):
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (row-major); call .contiguous() first")
-        if t.data_ptr() % 16:
-            raise ValueError(f"{name} must start at a 16-byte aligned address for TMA (a sliced view may not)")
     if k % 16:
         raise ValueError(f"K={k}: TMA needs 16-byte rows, so K must be a multiple of 16 for fp8; pad it")
     if out_dtype not in OUT_DTYPES:
@@ -178,6 +175,17 @@ def check_each_rule(a, b, scale_a, scale_b, out, out_dtype) -> tuple[int, int, i
             f"scales of shapes {tuple(scale_a.shape)} and {tuple(scale_b.shape)} fit no scaling for {m}x{n}x{k}: "
             f"per-tensor takes one value each, row-wise ({m}, 1) and ({n}, 1), block-wise ({m}, {kbs}) and "
             f"({nbs}, {kbs})")
+    return m, n, k, scaling
+
+
+def check_each_rule(a, b, scale_a, scale_b, out, out_dtype) -> tuple[int, int, int, int, str]:
+    """The rules one by one, each raising a TypeError/ValueError that names it."""
+    m, n, k, scaling = check_shapes(a, b, scale_a, scale_b, out_dtype)
+    for name, t in (("a", a), ("b", b)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (row-major); call .contiguous() first")
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} must start at a 16-byte aligned address for TMA (a sliced view may not)")
     if out is not None:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
@@ -215,35 +223,56 @@ def kernel_args(m: int, n: int, k: int, a, b, out, scale_a, scale_b, scale_strid
 BUILD_ARGS = kernel_args(4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132)
 
 
-# (id of a version's KERNELS, scaling, strides, out dtype, device index, M, N, K) ->
+# how a kernel adds its fp8 products. "fast": the whole sum over K stays in the fp8 wgmma's own accumulator,
+# as torch._scaled_mm(..., use_fast_accum=True) does. "promoted": each K block's sum is added into an fp32 sum
+# in registers, as _scaled_mm's default does; block-wise scales are always promoted
+ACCUMULATIONS = ("fast", "promoted")
+
+# (id of the kernel table run, scaling, strides, out dtype, device index, M, N, K) ->
 # (compiled launch function, SM count, the stream-K workspace's two addresses)
 _launchers: dict[tuple, object] = {}
 
 
 def launch(kernels: dict, blockwise_kernels: dict | None, a, b, scale_a, scale_b, out=None,
-           out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Validate, pick the kernel for this GPU and scaling, run it (building and tuning on the first call per bucket).
+           out_dtype: torch.dtype = torch.bfloat16, accumulate: str | None = None,
+           promoted_kernels: dict | None = None) -> torch.Tensor:
+    """Validate, pick the kernel for this GPU, scaling and accumulation, run it (building and tuning on the first
+    call per bucket).
 
     ``blockwise_kernels`` is None for a version without block-wise kernels (v10): block-wise
-    scales are then a ValueError naming the version that takes them.
+    scales are then a ValueError naming the version that takes them. ``accumulate`` (None:
+    each scaling's own, ``ACCUMULATIONS``) picks ``promoted_kernels`` for per-tensor and
+    row-wise scales where it is "promoted".
     """
+    if accumulate is not None:
+        check_accumulate(accumulate)
     if isinstance(out, torch.Tensor) and out.dtype in OUT_DTYPES:
         out_dtype = out.dtype  # a given out decides C's dtype
     m, n, k, index, scaling = check_inputs(a, b, scale_a, scale_b, out, out_dtype)
-    if scaling == "block" and blockwise_kernels is None:
-        raise ValueError(f"{kernels.version} takes per-tensor and row-wise scales; block-wise scales (scale_a "
-                         f"{tuple(scale_a.shape)}, scale_b {tuple(scale_b.shape)}) are {VERSION_OF['block']}'s: "
-                         f"matmul_{VERSION_OF['block']}.matmul")
     if scaling == "block":
+        if blockwise_kernels is None:
+            raise ValueError(f"{kernels.version} takes per-tensor and row-wise scales; block-wise scales (scale_a "
+                             f"{tuple(scale_a.shape)}, scale_b {tuple(scale_b.shape)}) are "
+                             f"{next_fp8(kernels.version)}'s: matmul_{next_fp8(kernels.version)}.matmul")
+        if accumulate == "fast":
+            raise ValueError("accumulate='fast' takes per-tensor and row-wise scales: a block-wise scale changes every "
+                             f"{BLOCK} of K, so each K block's sum is promoted (accumulate='promoted' or None)")
+        table = blockwise_kernels
         scale_a = m_major(scale_a)  # a copy only where the caller's scales are not (quantize's are)
+    elif accumulate == "promoted":
+        if promoted_kernels is None:
+            raise ValueError(f"{kernels.version} adds per-tensor and row-wise scales' products in the fp8 wgmma's "
+                             "accumulator only (accumulate='fast')")
+        table = promoted_kernels
+    else:
+        table = kernels
     scale_strides = strides(scaling, scale_a, scale_b)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=a.device)
-    key = (id(kernels), scaling, scale_strides, out_dtype, index, m, n, k)
+    key = (id(table), scaling, scale_strides, out_dtype, index, m, n, k)
     launcher = _launchers.get(key)
     if launcher is None:
-        func = first_launch(kernels, blockwise_kernels, scaling, index, m, n, k, a, b, out, scale_a, scale_b,
-                            scale_strides)
+        func = first_launch(table, scaling, index, m, n, k, a, b, out, scale_a, scale_b, scale_strides)
         num_sms = dispatch.device(index).num_sms
         _launchers[key] = func, num_sms, *(t.data_ptr() for t in dispatch.workspace(a.device, num_sms))
         return out
@@ -256,10 +285,26 @@ def launch(kernels: dict, blockwise_kernels: dict | None, a, b, scale_a, scale_b
             func(*kernel_args(m, n, k, a, b, out, scale_a, scale_b, scale_strides, num_sms))
     return out
 
-def first_launch(kernels, blockwise_kernels, scaling, index, m, n, k, a, b, out, scale_a, scale_b, scale_strides):
+
+def check_accumulate(accumulate) -> None:
+    """``accumulate`` is None or one of ACCUMULATIONS; else a TypeError/ValueError naming the rule."""
+    if accumulate is not None and not isinstance(accumulate, str):
+        raise TypeError(f"accumulate must be None or one of {ACCUMULATIONS}, got {type(accumulate).__name__}")
+    if accumulate is not None and accumulate not in ACCUMULATIONS:
+        raise ValueError(f"accumulate must be None or one of {ACCUMULATIONS}, got {accumulate!r}: 'fast' adds all of "
+                         "K in the fp8 wgmma's accumulator, 'promoted' adds each K block's sum into fp32")
+
+
+def next_fp8(version: str) -> str:
+    """The first fp8 version after ``version`` ('v11' after 'v10'), from the versions on disk."""
+    later = [name for name in versions.fp8() if versions.number(name) > versions.number(version)]
+    return later[0].removeprefix("matmul_") if later else "a later version"
+
+
+def first_launch(table, scaling, index, m, n, k, a, b, out, scale_a, scale_b, scale_strides):
     """Build and tune this size's bucket for the scaling (cached on disk), run it, return its launch function."""
     gpu = dispatch.device(index)
-    script_cls = (blockwise_kernels if scaling == "block" else kernels)[gpu.arch]
+    script_cls = table[gpu.arch]  # UnsupportedGPUError naming the script to run where the table has none
     dispatch.refuse_capture(f"{script_cls.__name__}: the first call at {m}x{n}x{k} with {scaling} scales")
     args = kernel_args(m, n, k, a, b, out, scale_a, scale_b, scale_strides, gpu.num_sms)
     return dispatch.build_tune_run(script_cls, gpu, args, out_dtype=OUT_DTYPES[out.dtype])
@@ -292,7 +337,7 @@ def cublas_scales(scaling: str, scale_a: torch.Tensor, scale_b: torch.Tensor, fo
 
 
 # block-wise scale layouts to offer torch._scaled_mm, in order: A's M x K/128 scales K/128-major or
-# M-major, B's as given or transposed (its B operand is K x N, column-major)
+# M-major, B's as given or transposed (its B operand is K x N, column-major), or with rows padded to 4
 BLOCK_FORMS = [
     lambda sa, sb: (sa.T.contiguous().T, sb.T.contiguous().T),
     lambda sa, sb: (sa.T.contiguous().T, sb.contiguous()),
@@ -301,16 +346,28 @@ BLOCK_FORMS = [
     lambda sa, sb: (sa.contiguous(), sb.T.contiguous()),
     lambda sa, sb: (sa.T.contiguous().T, sb.T),
     lambda sa, sb: (sa.contiguous(), sb.T),
+    lambda sa, sb: (sa.T.contiguous().T, rows_of_4(sb).T),
+    lambda sa, sb: (sa.T.contiguous().T, rows_of_4(sb)),
 ]
 
 
-def cublas_fp8(scaling: str, a8, b8, scale_a, scale_b):
-    """A torch._scaled_mm call (cuBLASLt) for the scaling, or None with the reason where the installed torch refuses it."""
+def rows_of_4(scale: torch.Tensor) -> torch.Tensor:
+    """``scale`` row-major, its row stride rounded up to a multiple of 4 elements: some torch versions ask this of
+    128 x 128 weight scales (their K/128 blocks; at K = 256 there are 2)"""
+    rows, cols = scale.shape
+    padded = scale.new_zeros(rows, -(-cols // 4) * 4)
+    padded[:, :cols] = scale
+    return padded[:, :cols]
+
+
+def cublas_fp8(scaling: str, a8, b8, scale_a, scale_b, fast: bool = False):
+    """(form, None) where torch._scaled_mm (cuBLASLt) takes the scaling (``form``: the block-wise scale layout that
+    worked, 0 otherwise), or (None, the reason) where the installed torch refuses it. ``fast``: use_fast_accum=True."""
     last = None
     for form in range(len(BLOCK_FORMS) if scaling == "block" else 1):
         sa, sb = cublas_scales(scaling, scale_a, scale_b, form)
         try:
-            c = torch._scaled_mm(a8, b8.T, sa, sb, out_dtype=torch.bfloat16)
+            c = torch._scaled_mm(a8, b8.T, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast)
         except (RuntimeError, ValueError) as error:
             last = str(error).splitlines()[0]
             continue
@@ -325,15 +382,36 @@ def cublas_fp8(scaling: str, a8, b8, scale_a, scale_b):
 PEER_SCALINGS = ("tensor", "row")
 
 
-def benchmark(fp8: dict, bf16_matmul, sizes, repeat: int, timeout_s: float, on_size=None,
-              peer: bool = False) -> list[dict]:
-    """fp8 kernels, torch._scaled_mm with the same scalings, and the newest 16-bit version and cuBLAS in bf16, at
-    each size, in both regimes.
+@dataclasses.dataclass(frozen=True)
+class Fp8Kernel:
+    """A version's fp8 contender: its name in the rows ('v10 tensor', 'v11 row promoted'), the scaling and the
+    accumulation (``ACCUMULATIONS``) it runs, its ``matmul(a8, b8, scale_a, scale_b, out)`` and the kernel class that
+    runs it here (for the schedule column)."""
 
-    ``fp8`` maps each scaling timed to (contender name, its matmul, the kernel class that runs it
-    here, for the schedule column), e.g. {"block": ("v11 block", matmul_v11.matmul, ...)}. With
-    ``peer``, also the Triton kernel torch.compile makes of the same torch._scaled_mm call
-    (``bench.compile_peer``), per-tensor and row-wise ("triton fp8 <scaling>").
+    name: str
+    scaling: str
+    accumulate: str
+    matmul: object
+    script_cls: object
+
+
+def cublas_name(scaling: str, accumulate: str) -> str:
+    """The cuBLAS contender that adds as ``accumulate`` says: 'cublas fp8 row fast' (use_fast_accum=True), or
+    'cublas fp8 row' (torch._scaled_mm's default, which promotes)."""
+    return f"cublas fp8 {scaling}" + (" fast" if accumulate == "fast" else "")
+
+
+def benchmark(fp8: list[Fp8Kernel], bf16, plan, repeat: int, timeout_s: float, on_size=None,
+              peer: bool = False) -> list[dict]:
+    """fp8 kernels, torch._scaled_mm with the same scalings (for per-tensor and row-wise both with and without
+    use_fast_accum) and a 16-bit version and cuBLAS in bf16, in both regimes.
+
+    ``plan`` is [((M, N, K), groups)]: at each size the scalings of ``groups`` that a kernel of
+    ``fp8`` runs, and bf16 where "bf16" is among them and ``bf16`` is (its name, its matmul).
+    Every row states its error; its % is of the contender that adds as it does
+    (``versus_of``). With ``peer``, also the Triton kernel torch.compile makes of
+    ``torch._scaled_mm(..., use_fast_accum=True)`` (``bench.compile_peer``), per-tensor and
+    row-wise ("triton fp8 <scaling> fast").
     """
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     copy_bytes_per_s = bench.copy_bandwidth()
@@ -341,37 +419,47 @@ def benchmark(fp8: dict, bf16_matmul, sizes, repeat: int, timeout_s: float, on_s
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"device-to-device copy: {copy_bytes_per_s / 1e12:.2f} TB/s (bytes read + written)", flush=True)
     rows = []
-    for seed, (m, n, k) in enumerate(sizes):
+    for seed, ((m, n, k), groups) in enumerate(plan):
+        scalings = [s for s in SCALINGS if s in groups and any(x.scaling == s for x in fp8)]
         sets = bench.operand_sets(m, n, k, seed, torch.bfloat16)
-        quantized = {id(a): {s: (*quantize(a, ga), *quantize(b, gb)) for s, (ga, gb) in GRANULARITY.items()}
+        quantized = {id(a): {s: (*quantize(a, GRANULARITY[s][0]), *quantize(b, GRANULARITY[s][1])) for s in scalings}
                      for a, b in sets}
         a, b = sets[0]
         contenders, refs = [], {}
-        for scaling, (name, matmul, _) in fp8.items():
+        for scaling in scalings:
             a8, sa, b8, sb = quantized[id(a)][scaling]
-            refs[name] = refs[f"cublas fp8 {scaling}"] = reference(a8, b8, sa, sb)
-            contenders.append(bench.Contender(name, lambda a, b, out, s=scaling, f=matmul: f(
-                quantized[id(a)][s][0], quantized[id(a)][s][2], quantized[id(a)][s][1], quantized[id(a)][s][3], out)))
-            form, refused = cublas_fp8(scaling, a8, b8, sa, sb)
-            if refused:
-                print(f"{m}x{n}x{k}: torch._scaled_mm takes no {scaling}-wise scales here: {refused}", flush=True)
-                continue
-            cached = {key: (q[0], q[2].T, *cublas_scales(scaling, q[1], q[3], form or 0))
-                      for key, q in ((key, q[scaling]) for key, q in quantized.items())}
-            contenders.append(bench.Contender(f"cublas fp8 {scaling}", lambda a, b, out, c=cached: torch._scaled_mm(
-                *c[id(a)][:2], *c[id(a)][2:], out_dtype=torch.bfloat16)))
-            if peer and scaling in PEER_SCALINGS:
-                print(f"{m}x{n}x{k}: torch.compile autotunes its Triton templates for {scaling}-wise fp8 on the first "
-                      "call...", flush=True)
-                compiled = bench.compile_peer(lambda x, y, sx, sy: torch._scaled_mm(x, y, sx, sy, out_dtype=torch.bfloat16))
-                refs[f"triton fp8 {scaling}"] = refs[name]
-                contenders.append(bench.Contender(f"triton fp8 {scaling}", lambda a, b, out, c=cached, f=compiled: f(
-                    *c[id(a)])))
-        refs[BF16_VERSION] = refs["cublas"] = a.float() @ b.float().T
-        contenders += [bench.Contender(BF16_VERSION, bf16_matmul),
-                       bench.Contender("cublas", lambda a, b, out: torch.matmul(a, b.T))]
-        print(f"{m}x{n}x{k}: the first call at a size bucket builds and tunes each scaling's kernel (cached "
-              "afterwards)...", flush=True)
+            ref = reference(a8, b8, sa, sb)
+            for kernel in (x for x in fp8 if x.scaling == scaling):
+                refs[kernel.name] = ref
+                contenders.append(bench.Contender(kernel.name, lambda a, b, out, s=scaling, f=kernel.matmul: f(
+                    quantized[id(a)][s][0], quantized[id(a)][s][2], quantized[id(a)][s][1], quantized[id(a)][s][3],
+                    out)))
+            for accumulate in ACCUMULATIONS if scaling != "block" else ("promoted",):
+                name = cublas_name(scaling, accumulate)
+                form, refused = cublas_fp8(scaling, a8, b8, sa, sb, fast=accumulate == "fast")
+                if refused:
+                    print(f"{m}x{n}x{k}: torch._scaled_mm takes no {scaling}-wise scales here: {refused}", flush=True)
+                    continue
+                cached = {key: (q[0], q[2].T, *cublas_scales(scaling, q[1], q[3], form))
+                          for key, q in ((key, q[scaling]) for key, q in quantized.items())}
+                refs[name] = ref
+                contenders.append(bench.Contender(name, lambda a, b, out, c=cached, fast=accumulate == "fast":
+                                                  torch._scaled_mm(*c[id(a)], out_dtype=torch.bfloat16,
+                                                                   use_fast_accum=fast)))
+                if peer and accumulate == "fast" and scaling in PEER_SCALINGS:
+                    print(f"{m}x{n}x{k}: torch.compile autotunes its Triton templates for {scaling}-wise fp8 on the "
+                          "first call...", flush=True)
+                    compiled = bench.compile_peer(lambda x, y, sx, sy: torch._scaled_mm(
+                        x, y, sx, sy, out_dtype=torch.bfloat16, use_fast_accum=True))
+                    refs[f"triton fp8 {scaling} fast"] = ref
+                    contenders.append(bench.Contender(f"triton fp8 {scaling} fast", lambda a, b, out, c=cached,
+                                                      f=compiled: f(*c[id(a)])))
+        if bf16 and "bf16" in groups:
+            refs[bf16[0]] = refs["cublas"] = a.float() @ b.float().T
+            contenders += [bench.Contender(bf16[0], bf16[1]),
+                           bench.Contender("cublas", lambda a, b, out: torch.matmul(a, b.T))]
+        print(f"{m}x{n}x{k}: the first call at a size bucket builds and tunes each kernel (cached afterwards)...",
+              flush=True)
         errors = {}
         for c in contenders:
             out = torch.full((m, n), math.nan, dtype=torch.bfloat16, device="cuda")
@@ -379,8 +467,8 @@ def benchmark(fp8: dict, bf16_matmul, sizes, repeat: int, timeout_s: float, on_s
             measure.sync_or_exit(f"{c.name} at {m}x{n}x{k}", timeout_s)
             errors[c.name] = measure.relative_error(result, refs[c.name])
         del refs
-        schedules = {name: config_of(kernel, scaling, m, n, k, quantized[id(a)][scaling][1],
-                                     quantized[id(a)][scaling][3]) for scaling, (name, _, kernel) in fp8.items()}
+        schedules = {x.name: config_of(x.script_cls, x.scaling, m, n, k, quantized[id(a)][x.scaling][1],
+                                       quantized[id(a)][x.scaling][3]) for x in fp8 if x.scaling in scalings}
         timed = [c for c in contenders if measure.passes(errors[c.name], torch.bfloat16)]
         outs = {c.name: torch.empty((m, n), dtype=torch.bfloat16, device="cuda") for c in timed}
         burst_telemetry = {c.name: bench.Telemetry(handle) for c in timed}
@@ -396,14 +484,15 @@ def benchmark(fp8: dict, bf16_matmul, sizes, repeat: int, timeout_s: float, on_s
             for c in timed:
                 ms = bench.median_ms(rounds[c.name])
                 versus = versus_of(c.name, rounds)
-                pct, spread = bench.ratio_and_spread({"cublas": rounds[versus], c.name: rounds[c.name]}, c.name) \
-                    if versus != c.name else (100.0, 0.0)
+                pct, spread = ("", "") if versus is None else bench.ratio_and_spread(
+                    {"cublas": rounds[versus], c.name: rounds[c.name]}, c.name if versus != c.name else "cublas")
                 data_bytes = (m * k + n * k) * (1 if "fp8" in dtype_of(c.name) else 2) + m * n * 2
                 mj = telemetry[c.name].mj_per_call
                 size_rows.append(common | {key: f"{value:.5g}" if isinstance(value, float) else value for key, value in {
                     "version": c.name, "dtype": dtype_of(c.name), "regime": regime, "ms": ms,
                     "tflops": measure.tflops(m, n, k, ms), "pct_of_cublas": pct, "pct_spread": spread,
-                    "host_us": hosts[c.name], "sm_mhz": telemetry[c.name].sm_mhz, "power_w": telemetry[c.name].power_w,
+                    "versus": versus or "", "host_us": hosts[c.name], "sm_mhz": telemetry[c.name].sm_mhz,
+                    "power_w": telemetry[c.name].power_w,
                     "pct_of_clock_peak": 100 * measure.tflops(m, n, k, ms) / (telemetry[c.name].sm_mhz / 1000)
                     / (num_sms * bench.FLOP_PER_CLOCK_PER_SM * (2 if "fp8" in dtype_of(c.name) else 1) / 1000),
                     "pct_of_bandwidth": 100 * data_bytes / (ms * 1e-3) / copy_bytes_per_s,
@@ -416,19 +505,36 @@ def benchmark(fp8: dict, bf16_matmul, sizes, repeat: int, timeout_s: float, on_s
     return rows
 
 
+def scaling_in(name: str) -> str | None:
+    """The scaling a contender's name ends in or carries ('v11 row promoted': 'row'), or None (bf16)."""
+    return next((word for word in name.split() if word in SCALINGS), None)
+
+
 def dtype_of(name: str) -> str:
     """The dtype column: 'fp8 tensor', 'fp8 row', 'fp8 block' or 'bf16'."""
-    return f"fp8 {name.split()[-1]}" if name.split()[-1] in SCALINGS else "bf16"
+    scaling = scaling_in(name)
+    return f"fp8 {scaling}" if scaling else "bf16"
 
 
-def versus_of(name: str, rounds: dict) -> str:
-    """The contender a row is compared with: cuBLAS doing the same (the same scaling, or bf16), or the fp8
-    per-tensor kernel for block-wise where torch offers no block-wise fp8."""
-    scaling = name.split()[-1]
-    if scaling in SCALINGS and not name.startswith("cublas"):
-        same = f"cublas fp8 {scaling}"
-        return same if same in rounds else f"{VERSION_OF['tensor']} tensor"
-    return "cublas"
+def accumulation_of(name: str) -> str:
+    """'fast' or 'promoted', from a contender's name: cuBLAS and Triton promote unless the name says 'fast'; a
+    version's kernel is fast unless it is block-wise or the name says 'promoted'."""
+    words = name.split()
+    if "fast" in words:
+        return "fast"
+    if "promoted" in words or "block" in words or words[0] in ("cublas", "triton"):
+        return "promoted"
+    return "fast"
+
+
+def versus_of(name: str, timed) -> str | None:
+    """The contender a row's % is of: cuBLAS with the same scaling that adds as it does (``cublas_name``), or
+    cuBLAS in bf16; a cuBLAS row is of itself (100%). None where that contender was not timed: no %."""
+    scaling = scaling_in(name)
+    if name.startswith("cublas"):
+        return name
+    versus = cublas_name(scaling, accumulation_of(name)) if scaling else "cublas"
+    return versus if versus in timed else None
 
 
 def config_of(script_cls, scaling: str, m: int, n: int, k: int, scale_a, scale_b) -> str:
@@ -436,55 +542,73 @@ def config_of(script_cls, scaling: str, m: int, n: int, k: int, scale_a, scale_b
     return dispatch.format_schedule(chosen_schedule(script_cls, m, n, k, strides(scaling, scale_a, scale_b)))
 
 
-def check(version: str, matmul, kernels: dict, sizes, timeout_s: float) -> int:
-    """Every scaling in ``kernels`` at every size against the fp32 product of the dequantized inputs; 1 if any is
-    wrong.
-
-    ``kernels`` maps each scaling the version takes to the kernel class that runs it here (for the schedule column).
-    """
+def check(version: str, kernels: list[Fp8Kernel], sizes, timeout_s: float) -> int:
+    """Every one of a version's kernels (each scaling and accumulation it takes) at every size against the fp32
+    product of the dequantized inputs; 1 if any is wrong."""
     results = []
     for seed, (m, n, k) in enumerate(sizes):
         gen = torch.Generator(device="cuda").manual_seed(seed)
         a = torch.randn((m, k), generator=gen, device="cuda")
         b = torch.randn((n, k), generator=gen, device="cuda")
-        for scaling in kernels:
-            ga, gb = GRANULARITY[scaling]
+        for kernel in kernels:
+            ga, gb = GRANULARITY[kernel.scaling]
             (a8, sa), (b8, sb) = quantize(a, ga), quantize(b, gb)
             out = torch.full((m, n), math.nan, dtype=torch.bfloat16, device="cuda")
-            matmul(a8, b8, sa, sb, out)
-            measure.sync_or_exit(f"{version} {scaling} at {m}x{n}x{k}", timeout_s)
+            kernel.matmul(a8, b8, sa, sb, out)
+            measure.sync_or_exit(f"{kernel.name} at {m}x{n}x{k}", timeout_s)
             err = measure.relative_error(out, reference(a8, b8, sa, sb))
-            results.append([f"{m}x{n}x{k}", scaling, f"{err:.2e}",
+            results.append([f"{m}x{n}x{k}", kernel.scaling, kernel.accumulate, f"{err:.2e}",
                             "ok" if measure.passes(err, torch.bfloat16) else "WRONG",
-                            config_of(kernels[scaling], scaling, m, n, k, sa, sb)])
-    print(text_table(["size", "scaling", "rel. error", "result", "schedule"], results))
-    return 1 if any(row[3] != "ok" for row in results) else 0
+                            config_of(kernel.script_cls, kernel.scaling, m, n, k, sa, sb)])
+    print(text_table(["size", "scaling", "accumulation", "rel. error", "result", "schedule"], results))
+    return 1 if any(row[4] != "ok" for row in results) else 0
 
 
-def main(version: str, kernels: dict, blockwise_kernels: dict | None, matmul, argv=None) -> int:
-    """An fp8 version's command line: check each scaling it takes, benchmark its own against cuBLAS's fp8 and
-    the newest 16-bit version in bf16, or build only.
+# the groups a benchmark size can time: each scaling, and bf16
+GROUPS = (*SCALINGS, "bf16")
 
-    v10 (no ``blockwise_kernels``) takes and times per-tensor and row-wise scales; v11 takes all
-    three and times block-wise, beside v10's per-tensor kernel.
+
+def plan_of(sizes, full: bool, default) -> list[tuple[tuple[int, int, int], tuple[str, ...]]]:
+    """What a benchmark run times, [((M, N, K), groups)]: every group at the given ``sizes``, or at SIZES with
+    ``full`` (or where the version gives no ``default``), else the version's ``default``."""
+    if sizes or full or not default:
+        return [(tuple(size), GROUPS) for size in sizes or SIZES]
+    return [(tuple(size), tuple(groups)) for size, groups in default]
+
+
+def main(version: str, kernels: dict, blockwise_kernels: dict | None, matmul, argv=None, *,
+         promoted_kernels: dict | None = None, beside: str | None = None, bf16: str | None = None,
+         default=None) -> int:
+    """An fp8 version's command line: check each scaling and accumulation it takes, benchmark them against cuBLAS's
+    fp8 kernels that add alike, or build only.
+
+    v10 (no ``blockwise_kernels``) takes and times per-tensor and row-wise scales, fast. v11
+    takes all three and times block-wise and, with ``promoted_kernels`` (its matmul's
+    accumulate="promoted"), per-tensor and row-wise promoted. The caller names the modules
+    timed beside: ``beside``, an fp8 version whose fast per-tensor and row-wise kernels are
+    timed too; ``bf16``, the 16-bit version timed in bf16. ``default`` is what a run without
+    --sizes or --full times: [((M, N, K), groups)], groups from ``GROUPS``.
     """
     from support import build
 
     parser = argparse.ArgumentParser(description=f"{version}: fp8 GEMMs with scales, checked and timed")
-    parser.add_argument("--sizes", nargs="+", type=parse_size, default=None, help="sizes, N or MxNxK")
+    parser.add_argument("--sizes", nargs="+", type=parse_size, default=None, help="sizes, N or MxNxK (every scaling)")
+    parser.add_argument("--full", action="store_true", help="every scaling at every size of the full table")
     parser.add_argument("--check-only", action="store_true", help="check every scaling; no timing")
     parser.add_argument("--compile-only", action="store_true", help="build every schedule without a GPU")
     parser.add_argument("--repeat", type=int, default=100, help="burst runs per contender")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a kernel counts as hung")
-    parser.add_argument("--peer", action="store_true",
-                        help="also time the Triton kernel torch.compile makes of torch._scaled_mm (per-tensor, row-wise)")
+    parser.add_argument("--peer", action="store_true", help="also time the Triton kernel torch.compile makes of "
+                        "torch._scaled_mm(..., use_fast_accum=True) (per-tensor, row-wise)")
     args = parser.parse_args(argv)
-    tables = [("per-tensor and row-wise", kernels)] + ([("block-wise", blockwise_kernels)] if blockwise_kernels else [])
+    tables = [("per-tensor and row-wise", kernels), ("block-wise", blockwise_kernels),
+              ("per-tensor and row-wise, promoted", promoted_kernels)]
+    tables = [(name, table) for name, table in tables if table]
     arch = None
     try:
         arch = None if args.compile_only else gpu_arch()
         if arch is not None:
-            for _, table in tables:
+            for table in filter(None, (kernels, blockwise_kernels)):  # the promoted kernels are Hopper's only
                 table[arch]  # noqa: B018  (UnsupportedGPUError: this GPU has no kernel of this version)
     except UnsupportedGPUError as reason:
         if arch is not None:
@@ -496,32 +620,43 @@ def main(version: str, kernels: dict, blockwise_kernels: dict | None, matmul, ar
         for name, table in tables:
             for arch_name, script_cls in table.items():
                 print(f"{name}: {script_cls.__name__} for {ARCHS[arch_name].sm}", flush=True)
-                results = build.build_schedules(script_cls, arch_name, call_args=kernel_args(
-                    4096, 4096, 4096, 0, 0, 0, 0, 0, (1, 1, 1, 1), 132))
+                results = build.build_schedules(script_cls, arch_name, call_args=BUILD_ARGS)
                 failed += sum(not r.ok for r in results)
         return 1 if failed else 0
-    by_scaling = {"tensor": kernels[arch], "row": kernels[arch]} | (
-        {"block": blockwise_kernels[arch]} if blockwise_kernels else {})
+    # the version's own kernels: v10's fast ones; v11's block-wise and promoted ones (its fast ones are v10's)
+    fast = [Fp8Kernel(f"{version} {s}", s, "fast", matmul, kernels[arch]) for s in ("tensor", "row")]
+    own = [] if blockwise_kernels else list(fast)
+    if blockwise_kernels:
+        own.append(Fp8Kernel(f"{version} block", "block", "promoted", matmul, blockwise_kernels[arch]))
+    if promoted_kernels and arch in promoted_kernels:
+        promoted = functools.partial(matmul, accumulate="promoted")
+        own += [Fp8Kernel(f"{version} {s} promoted", s, "promoted", promoted, promoted_kernels[arch])
+                for s in ("tensor", "row")]
     if args.check_only:
-        return check(version, matmul, by_scaling, args.sizes or CHECK_SIZES, args.timeout)
-    import importlib
-
-    own = [s for s in by_scaling if VERSION_OF[s] == version]
-    fp8 = {s: (f"{version} {s}", matmul, by_scaling[s]) for s in own}
-    if "tensor" not in own:  # block-wise is also judged against the per-tensor kernel, where torch has no block-wise
-        module = importlib.import_module(f"matmul_{VERSION_OF['tensor']}")
-        fp8 = {"tensor": (f"{VERSION_OF['tensor']} tensor", module.matmul, module.KERNELS[arch])} | fp8
+        return check(version, (fast if blockwise_kernels else []) + own, args.sizes or CHECK_SIZES, args.timeout)
+    timed = list(own)
+    if beside:  # an earlier version's fast kernels, timed in the same run as this one's
+        module, name = importlib.import_module(beside), beside.removeprefix("matmul_")
+        timed += [Fp8Kernel(f"{name} {s}", s, "fast", module.matmul, module.KERNELS[arch]) for s in ("tensor", "row")]
     path = RESULTS_DIR / f"{gpu_label()}_fp8.csv"
-    rows = benchmark(fp8, importlib.import_module(f"matmul_{BF16_VERSION}").matmul, args.sizes or SIZES, args.repeat,
-                     args.timeout, on_size=lambda size_rows: save_rows(size_rows, path), peer=args.peer)
+    bf16_version = (bf16.removeprefix("matmul_"), importlib.import_module(bf16).matmul) if bf16 else None
+    rows = benchmark(timed, bf16_version, plan_of(args.sizes, args.full, default), args.repeat, args.timeout,
+                     on_size=lambda size_rows: save_rows(size_rows, path), peer=args.peer)
     from support import provenance
 
-    for name in {VERSION_OF[s] for s in fp8} | {BF16_VERSION}:  # the programs these rows were measured with
-        provenance.record(name, provenance.hashes(f"matmul_{name}"))
-    print(text_table(["size", "regime", "contender", "ms", "TFLOPS", "% of same on cuBLAS", "spread", "% of copy BW",
-                  "rel. error", "schedule"],
-                 [["x".join(str(r[d]) for d in "mnk"), r.get("regime", "-"), r["version"], r.get("ms", "-"),
-                   r.get("tflops", "-"), r.get("pct_of_cublas", "-"), r.get("pct_spread", "-"),
-                   r.get("pct_of_bandwidth", "-"), r["rel_err"], r.get("config", "")] for r in rows]))
+    # the fp8 programs these rows were measured with; not the bf16 version's, whose record covers its rows in
+    # results/<gpu>.csv too, measured by plot.py
+    timed_versions = {r["version"].split()[0] for r in rows}
+    for name in [version, *([beside.removeprefix("matmul_")] if beside else [])]:
+        if name in timed_versions:
+            provenance.record(name, provenance.hashes(f"matmul_{name}"))
+    print(text_table(["size", "regime", "contender", "ms", "TFLOPS", "versus", "% of versus (its ms / this ms)",
+                      "spread (points)", "% of copy BW", "rel. error", "schedule"],
+                     [["x".join(str(r[d]) for d in "mnk"), r.get("regime", "-"), r["version"], r.get("ms", "-"),
+                       r.get("tflops", "-"), r.get("versus") or "-", r.get("pct_of_cublas") or "-",
+                       r.get("pct_spread") or "-", r.get("pct_of_bandwidth", "-"), r["rel_err"], r.get("config", "")]
+                      for r in rows]))
+    print("fast: all of K in the fp8 wgmma's own accumulator (cuBLAS: use_fast_accum=True); promoted: each K block's "
+          "sum added into fp32 (cuBLAS's default). Each % is of the contender that adds alike.")
     print(f"wrote {path.relative_to(REPO)}")
     return 0 if all(measure.passes(float(r["rel_err"]), torch.bfloat16) for r in rows) else 1

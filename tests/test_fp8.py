@@ -12,22 +12,31 @@ import torch
 
 import matmul_v10
 import matmul_v11
+from matmul_v11 import BOX_K
 from support import build, cache, dispatch, gpu, measure, protocol, scaled
 from conftest import sanitizer
 from test_gpu import run_child
 
 FP8 = torch.float8_e4m3fn
-# v10's per-tensor and row-wise kernels; v11's copy of them, and its block-wise kernels
-KERNEL_TABLES = ["matmul_v10.KERNELS", "matmul_v11.KERNELS", "matmul_v11.BLOCKWISE_KERNELS"]
+# v10's per-tensor and row-wise kernels; v11's copy of them, its block-wise kernels, and its promoted
+# per-tensor and row-wise kernels (Hopper only)
+KERNEL_TABLES = ["matmul_v10.KERNELS", "matmul_v11.KERNELS", "matmul_v11.BLOCKWISE_KERNELS",
+                 "matmul_v11.PROMOTED_KERNELS"]
 MODULES = {"matmul_v10": matmul_v10, "matmul_v11": matmul_v11}
-# each scaling's version (support/scaled.py: VERSION_OF) and its kernel table
+# each scaling's version and its matmul: v10 per-tensor and row-wise (fast), v11 block-wise
 MATMUL = {"tensor": matmul_v10, "row": matmul_v10, "block": matmul_v11}
+PROMOTED = functools.partial(matmul_v11.matmul, accumulate="promoted")
 
 
 def kernel_table(table: str) -> dict:
     """'matmul_v11.BLOCKWISE_KERNELS' -> that module's table."""
     module, name = table.split(".")
     return getattr(MODULES[module], name)
+
+
+# every (table, architecture) with a kernel
+TABLE_ARCHS = [(table, arch) for table in KERNEL_TABLES for arch in ("hopper", "blackwell")
+               if arch in kernel_table(table)]
 
 
 @functools.cache  # each kernel's whole space once per session: 10-20 s each, CI has 2 cores
@@ -39,8 +48,7 @@ def describe(r: build.BuildResult, arch: str = "hopper") -> str:
     return f"{dispatch.format_schedule(r.schedule)}: {r.describe(gpu.ARCHS[arch])}"
 
 
-@pytest.mark.parametrize("arch", ["hopper", "blackwell"])
-@pytest.mark.parametrize("table", KERNEL_TABLES)
+@pytest.mark.parametrize("table, arch", TABLE_ARCHS)
 def test_every_schedule_builds(table, arch):
     # tilus' autotuner silently drops schedules that fail to build: count them here
     kernel = kernel_table(table)[arch]
@@ -50,8 +58,7 @@ def test_every_schedule_builds(table, arch):
     assert not failed, f"{kernel.__name__} schedules that do not build: {failed}"
 
 
-@pytest.mark.parametrize("arch", ["hopper", "blackwell"])
-@pytest.mark.parametrize("table", KERNEL_TABLES)
+@pytest.mark.parametrize("table, arch", TABLE_ARCHS)
 def test_no_local_memory_no_ptxas_warnings(table, arch):
     # spills or a stack frame put registers in local memory, and ptxas warns where it serialises
     # wgmma (C7515, C7520) or drops setmaxnreg (C7508): each a silent slowdown
@@ -60,8 +67,7 @@ def test_no_local_memory_no_ptxas_warnings(table, arch):
         assert (r.spill_bytes, r.stack_bytes, r.ptxas_warnings) == (0, 0, []), describe(r, arch)
 
 
-@pytest.mark.parametrize("arch", ["hopper", "blackwell"])
-@pytest.mark.parametrize("table", KERNEL_TABLES)
+@pytest.mark.parametrize("table, arch", TABLE_ARCHS)
 def test_every_schedule_follows_the_protocol(table, arch):
     # support/protocol.py's rules, as for v1-v9 (tests/test_protocol.py); on Blackwell, where fp8 never
     # runs here, they include TMEM allocation, the partials' ring's barrier counts and fences, and
@@ -89,9 +95,20 @@ def test_output_rings_only_on_per_tensor_tiles_of_several_boxes(table):
     # tiles) each waits for all its stores (wait_group.read 0) before passing s_c on
     for r in built(table):
         ptx = (r.module_dir / "source.ptx").read_text()
-        ring = not table.endswith("BLOCKWISE_KERNELS") and not r.schedule["swap_ab"] and r.schedule["block_n"] >= 128
+        ring = table.endswith(".KERNELS") and not r.schedule["swap_ab"] and r.schedule["block_n"] >= 128
         assert ("cp.async.bulk.wait_group.read 1;" in ptx) == ring, describe(r)
         assert ("cp.async.bulk.wait_group.read 0;" in ptx) != ring, describe(r)
+
+
+@pytest.mark.parametrize("table", KERNEL_TABLES)
+def test_promoting_kernels_start_a_fresh_partial_every_k_block(table):
+    # the promotion: each 128-column K block's four m64nNk32 steps start from a fresh partial (mma_fresh: the first
+    # step's scale-d is 0), which is then added into the fp32 sum; a fast kernel's sum runs over all of K (scale-d 1)
+    promotes = table.endswith(("BLOCKWISE_KERNELS", "PROMOTED_KERNELS"))
+    for r in built(table):
+        mmas = re.findall(r"wgmma\.mma_async[^;]*;", (r.module_dir / "source.ptx").read_text())
+        fresh = [mma for mma in mmas if mma.endswith(", 0, 1, 1;")]
+        assert len(fresh) * (BOX_K // 32) == len(mmas) if promotes else not fresh, describe(r)
 
 
 @pytest.mark.parametrize("arch", ["hopper", "blackwell"])
@@ -279,6 +296,44 @@ def test_valid_input_on_the_cpu_is_told_to_move_to_the_gpu():
         scaled.check_inputs(**valid_inputs("cpu"))
 
 
+# accumulate= (v11's matmul): value -> (error, the rule's words); checked before the tensors, so on the CPU too
+BAD_ACCUMULATE = {"exact": (ValueError, r"accumulate must be None or one of \('fast', 'promoted'\), got 'exact'"),
+                  "Promoted": (ValueError, "accumulate must be None or one of"),
+                  True: (TypeError, "accumulate must be None or one of .*, got bool")}
+
+
+@pytest.mark.parametrize("value", BAD_ACCUMULATE, ids=str)
+def test_bad_accumulate_is_refused_naming_the_rule(value):
+    error, words = BAD_ACCUMULATE[value]
+    with pytest.raises(error, match=words):
+        scaled.check_accumulate(value)
+    inputs = valid_inputs("cpu")
+    with pytest.raises(error, match=words):
+        matmul_v11.matmul(inputs["a"], inputs["b"], inputs["scale_a"], inputs["scale_b"], accumulate=value)
+
+
+def test_each_contender_is_compared_with_cublas_adding_alike():
+    # a kernel that adds in the fp8 wgmma's accumulator against torch._scaled_mm(use_fast_accum=True), one that
+    # promotes against its default; cuBLAS rows against themselves; no % where that contender was not timed
+    timed = {"v10 tensor", "v10 row", "v11 tensor promoted", "v11 row promoted", "v11 block", "cublas fp8 tensor",
+             "cublas fp8 tensor fast", "cublas fp8 row fast", "cublas fp8 block", "triton fp8 row fast", "v9", "cublas"}
+    expected = {"v10 tensor": "cublas fp8 tensor fast", "v10 row": "cublas fp8 row fast",
+                "v11 tensor promoted": "cublas fp8 tensor", "v11 row promoted": None, "v11 block": "cublas fp8 block",
+                "triton fp8 row fast": "cublas fp8 row fast", "cublas fp8 tensor": "cublas fp8 tensor",
+                "cublas fp8 tensor fast": "cublas fp8 tensor fast", "v9": "cublas", "cublas": "cublas"}
+    assert {name: scaled.versus_of(name, timed) for name in expected} == expected
+    assert [scaled.dtype_of(name) for name in ("v11 row promoted", "cublas fp8 tensor fast", "v11 block", "v9")] == [
+        "fp8 row", "fp8 tensor", "fp8 block", "bf16"]
+
+
+def test_a_first_run_times_the_versions_default_and_full_every_size():
+    default = [((4096, 4096, 4096), ("tensor", "bf16")), ((64, 14336, 4096), ("tensor",))]
+    assert scaled.plan_of(None, False, default) == default
+    assert scaled.plan_of(None, True, default) == [(size, scaled.GROUPS) for size in scaled.SIZES]
+    assert scaled.plan_of([(128, 8192, 8192)], False, default) == [((128, 8192, 8192), scaled.GROUPS)]
+    assert scaled.plan_of(None, False, None) == [(size, scaled.GROUPS) for size in scaled.SIZES]
+
+
 # --- on a GPU ---
 
 def call(scaling: str, m: int, n: int, k: int, out_dtype=torch.bfloat16, seed: int = 0):
@@ -287,7 +342,7 @@ def call(scaling: str, m: int, n: int, k: int, out_dtype=torch.bfloat16, seed: i
     a8, b8, sa, sb = operands(m, n, k, scaling, "cuda", seed, magnitudes)
     out = torch.full((m, n), math.nan, dtype=out_dtype, device="cuda")
     assert MATMUL[scaling].matmul(a8, b8, sa, sb, out=out) is out
-    measure.sync_or_exit(f"{scaled.VERSION_OF[scaling]} {scaling} at {m}x{n}x{k}", 60)
+    measure.sync_or_exit(f"{MATMUL[scaling].__name__} {scaling} at {m}x{n}x{k}", 60)
     return out, scaled.reference(a8, b8, sa, sb)
 
 
@@ -318,6 +373,66 @@ def test_matmul_stores_fp16(scaling):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", scaled.CHECK_SIZES)
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_promoted_matches_the_reference_at_the_check_sizes(scaling, m, n, k):
+    # accumulate="promoted" (HopperMatmulV11Promoted) into a NaN-poisoned C, normal inputs as the CLI's check
+    a8, b8, sa, sb = operands(m, n, k, scaling, "cuda", 5, "normal")
+    out = torch.full((m, n), math.nan, dtype=torch.bfloat16, device="cuda")
+    assert PROMOTED(a8, b8, sa, sb, out=out) is out
+    measure.sync_or_exit(f"v11 {scaling} promoted at {m}x{n}x{k}", 60)
+    err = measure.relative_error(out, scaled.reference(a8, b8, sa, sb))
+    assert measure.passes(err, torch.bfloat16), f"{scaling} promoted at {m}x{n}x{k}: relative error {err:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_promoted_is_as_precise_as_cublas_default_and_fast_is_not(scaling):
+    # at K = 8192 the fast sum's error is well above C's bf16 rounding (2.6e-3 against 1.66e-3 at 8192^3 on the
+    # H100), while a promoted one stays at the rounding, as torch._scaled_mm's default does. 1.2 x the rounding
+    # leaves room for the worst 64 x 64 tile's spread around C's error, not for a fast sum
+    m, n, k = 128, 8192, 8192
+    a8, b8, sa, sb = operands(m, n, k, scaling, "cuda", 6, "normal")
+    ref = scaled.reference(a8, b8, sa, sb)
+    bound = 1.2 * measure.rounding_error(torch.bfloat16)
+    promoted = measure.relative_error(PROMOTED(a8, b8, sa, sb), ref)
+    cublas = measure.relative_error(torch._scaled_mm(a8, b8.T, *scaled.cublas_scales(scaling, sa, sb),
+                                                     out_dtype=torch.bfloat16), ref)
+    fast = measure.relative_error(matmul_v11.matmul(a8, b8, sa, sb, accumulate="fast"), ref)
+    assert promoted <= bound and cublas <= bound, (promoted, cublas, bound)
+    assert fast > bound, f"the fast sum at K = {k}: {fast:.3g}, within the promoted bound {bound:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", scaled.CHECK_SIZES)
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_cublas_fast_contender_at_the_check_sizes(scaling, m, n, k):
+    # torch._scaled_mm(..., use_fast_accum=True), the benchmark's contender for v10: within the bound where torch
+    # takes the shape (N and K multiples of 16), refused with a reason (not an exception) where it does not
+    a8, b8, sa, sb = operands(m, n, k, scaling, "cuda", 7, "normal")
+    form, refused = scaled.cublas_fp8(scaling, a8, b8, sa, sb, fast=True)
+    if n % 16 or k % 16:
+        assert form is None and refused, f"{m}x{n}x{k}"
+    else:
+        assert form == 0 and refused is None, refused
+
+
+@pytest.mark.gpu
+def test_bad_accumulate_on_the_gpu_is_refused_naming_the_rule():
+    inputs = valid_inputs("cuda")
+    for value, (error, words) in BAD_ACCUMULATE.items():
+        with pytest.raises(error, match=words):
+            matmul_v11.matmul(inputs["a"], inputs["b"], inputs["scale_a"], inputs["scale_b"], accumulate=value)
+    with pytest.raises(TypeError, match="accumulate"):  # v10 adds one way only
+        matmul_v10.matmul(inputs["a"], inputs["b"], inputs["scale_a"], inputs["scale_b"], accumulate="promoted")
+    a8, b8, sa, sb = operands(32, 64, 256, "block", "cuda")
+    with pytest.raises(ValueError, match="accumulate='fast' takes per-tensor and row-wise scales"):
+        matmul_v11.matmul(a8, b8, sa, sb, accumulate="fast")
+    out = matmul_v11.matmul(a8, b8, sa, sb, accumulate="promoted")  # what block-wise scales always get
+    assert torch.equal(out, matmul_v11.matmul(a8, b8, sa, sb))
+
+
+@pytest.mark.gpu
 def test_blockwise_takes_k_major_activation_scales():
     # matmul copies them M-major (scaled.m_major): the same kernel, the same bits
     a8, b8, sa, sb = operands(37, 1000, 2064, "block", "cuda", 2)
@@ -326,8 +441,12 @@ def test_blockwise_takes_k_major_activation_scales():
 
 
 def every_schedule(scaling: str, m: int, n: int, k: int, seed: int):
-    """(what, launch, args, out, reference) for every built schedule of the scaling's Hopper kernel at m x n x k."""
-    kernel = (matmul_v11.BLOCKWISE_KERNELS if scaling == "block" else matmul_v10.KERNELS)["hopper"]
+    """(what, launch, args, out, reference) for every built schedule of the scaling's Hopper kernel at m x n x k
+    ('tensor promoted', 'row promoted': v11's promoted kernel)."""
+    scaling, _, promoted = scaling.partition(" ")
+    tables = (matmul_v11.BLOCKWISE_KERNELS if scaling == "block" else matmul_v11.PROMOTED_KERNELS if promoted
+              else matmul_v10.KERNELS)
+    kernel = tables["hopper"]
     cache.use_cache(kernel, gpu.gpu_label())
     a8, b8, sa, sb = operands(m, n, k, scaling, "cuda", seed)
     ref = scaled.reference(a8, b8, sa, sb)
@@ -341,7 +460,7 @@ def every_schedule(scaling: str, m: int, n: int, k: int, seed: int):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("scaling", ["tensor", "block"])
+@pytest.mark.parametrize("scaling", ["tensor", "block", "tensor promoted", "row promoted"])
 def test_every_schedule_matches_the_reference(scaling):
     # the tuner runs only the schedule it picks: every one of them here, with ragged M (for the
     # 64-, 128- and 192-row tiles), ragged N and a partial last K block, into a NaN-poisoned C
@@ -354,7 +473,7 @@ def test_every_schedule_matches_the_reference(scaling):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("scaling", scaled.SCALINGS)
+@pytest.mark.parametrize("scaling", [*scaled.SCALINGS, "row promoted"])
 def test_stream_k_schedules_are_bitwise_deterministic(scaling):
     # the owner adds its sharers' sums in a fixed order: every stream-K schedule, not only the tuned
     # one, gives the same bits run after run on shapes whose tiles are split over several SMs

@@ -201,33 +201,70 @@ def test_ratio_and_spread_compare_each_round_with_cublas_in_the_same_round():
     assert bench.ratio_and_spread(rounds, "cublas") == (100.0, 100.0)  # its own rounds: 1, 2 and 1 ms around 1
 
 
-def test_fp8_tables_render_each_scaling_and_the_triton_peer(tmp_path):
-    # matmul_v10.py --peer's and matmul_v11.py's rows at one size: v10 and v11, cuBLAS and Triton per scaling, v9
-    # and cuBLAS in bf16
-    fp8 = COMMON | {"date": "2026-11-25"}
-    rows = [fp8 | {"version": v, "dtype": "fp8 " + v.split()[-1] if " " in v else "bf16",
+def fp8_rows(contenders, date="2026-11-25"):
+    """matmul_v11.py --full --peer's rows at 4096^3, both regimes: (name, ms, TFLOPS, % of the contender adding alike,
+    error)."""
+    fp8 = COMMON | {"date": date}
+    return [fp8 | {"version": v, "dtype": "bf16" if v in ("v9", "cublas") else "fp8 " + next(
+                       w for w in v.split() if w in ("tensor", "row", "block")),
                    "regime": regime, "m": 4096, "n": 4096, "k": 4096, "ms": ms, "tflops": tf, "pct_of_cublas": pct,
-                   "pct_spread": "2.0", "pct_of_bandwidth": "15", "rel_err": "1.7e-03"}
-            for regime in ("burst", "back-to-back")
-            for v, ms, tf, pct in [("v10 tensor", "0.11", "1249", "95.5"), ("cublas fp8 tensor", "0.105", "1309", "170"),
-                                   ("triton fp8 tensor", "0.14", "982", "75.0"), ("v10 row", "0.11", "1249", "101.0"),
-                                   ("cublas fp8 row", "0.111", "1238", "160"), ("triton fp8 row", "0.148", "929", "75.1"),
-                                   ("v11 block", "0.17", "808", "65.4"), ("cublas fp8 block", "0.112", "1227", "157"),
-                                   ("v9", "0.22", "625", "99.0"), ("cublas", "0.176", "781", "100")]]
-    write_fixture(tmp_path / "h100_fp8.csv", rows)
+                   "pct_spread": "2.0", "pct_of_bandwidth": "15", "rel_err": err}
+            for regime in ("burst", "back-to-back") for v, ms, tf, pct, err in contenders]
+
+
+FP8_RUN = [("v10 tensor", "0.11", "1249", "95.5", "2.1e-03"),
+           ("cublas fp8 tensor fast", "0.105", "1309", "100", "2.1e-03"),
+           ("cublas fp8 tensor", "0.12", "1145", "100", "1.7e-03"),
+           ("v11 tensor promoted", "0.14", "982", "85.7", "1.7e-03"),
+           ("triton fp8 tensor fast", "0.14", "982", "75.0", "2.1e-03"),
+           ("v10 row", "0.11", "1249", "101.0", "2.1e-03"), ("cublas fp8 row fast", "0.111", "1238", "100", "2.1e-03"),
+           ("cublas fp8 row", "0.13", "1057", "100", "1.7e-03"), ("v11 row promoted", "0.15", "916", "86.7", "1.7e-03"),
+           ("triton fp8 row fast", "0.148", "929", "75.1", "2.1e-03"),
+           ("v11 block", "0.17", "808", "65.4", "1.7e-03"), ("cublas fp8 block", "0.112", "1227", "100", "1.7e-03"),
+           ("v9", "0.22", "625", "99.0", "1.6e-03"), ("cublas", "0.176", "781", "100", "1.6e-03")]
+
+
+def test_fp8_tables_render_each_scaling_and_the_triton_peer(tmp_path):
+    write_fixture(tmp_path / "h100_fp8.csv", fp8_rows(FP8_RUN))
     doc = tmp_path / "page.md"
-    doc.write_text("<!-- fp8 h100 large -->\n<!-- /fp8 -->\n<!-- fp8 h100 peer -->\nstale\n<!-- /fp8 -->\n")
+    doc.write_text("<!-- fp8 h100 large -->\n<!-- /fp8 -->\n<!-- fp8 h100 peer -->\nstale\n<!-- /fp8 -->\n"
+                   "<!-- fp8 h100 accumulation 4096 -->\n<!-- /fp8 -->\n<!-- fp8 h100 errors -->\n<!-- /fp8 -->\n")
     plot.update_documents(csv_dir=tmp_path, documents=[doc])
     text = doc.read_text()
-    # v10 tensor against cuBLAS per-tensor, ± half the spread; v10 per-tensor 0.22 / 0.11 = 2.00x v9
-    assert "| 4096x4096x4096 | burst | 781 / 625 | 1,309 / 1,249 (95.5% ±1.0) |" in text
-    assert "808 (65.4% ±1.0) | 2.00x |" in text
+    # v10 against cuBLAS fast, ± half the spread; v11 block against cuBLAS block-wise; v10 per-tensor 0.22 / 0.11
+    # = 2x v9
+    assert "| size | regime | bf16: cuBLAS / v9 | per-tensor: cuBLAS fast / v10 | row-wise: cuBLAS fast / v10 | " \
+           "block-wise: cuBLAS / v11 | v10 per-tensor / v9 speed |" in text
+    assert "| 4096x4096x4096 | burst | 781 / 625 | 1,309 / 1,249 (95.5% ±1.0) | 1,238 / 1,249 (101.0% ±1.0) | " \
+           "1,227 / 808 (65.4% ±1.0) | 2.00x |" in text
     assert "stale" not in text
-    assert "| 4096x4096x4096 | back-to-back | 982 (75.0%) / 1,249 (95.5%) | 929 (75.1%) / 1,249 (101.0%) |" in text
+    assert "| 4096x4096x4096 | back-to-back | 982 (75.0% ±1.0) / 1,249 (95.5% ±1.0) | 929 (75.1% ±1.0) / 1,249 " \
+           "(101.0% ±1.0) |" in text
+    # each way against cuBLAS adding alike; promoted over fast: cuBLAS 0.12 / 0.105, ours 0.14 / 0.11
+    assert "| 4096x4096x4096 | per-tensor | burst | 1,309 / 1,249 (95.5% ±1.0) | 1,145 / 982 (85.7% ±1.0) | " \
+           "1.14x / 1.27x | 2.10e-03 / 2.10e-03 | 1.70e-03 / 1.70e-03 |" in text
+    assert "| 4096x4096x4096 | 4,096 | per-tensor | 2.10e-03 / 2.10e-03 | 1.70e-03 / 1.70e-03 |" in text
+    assert "| 4096x4096x4096 | 4,096 | block-wise | - | 1.70e-03 / 1.70e-03 |" in text
+
+
+def test_fp8_rows_from_before_the_fast_contenders_state_no_percent(tmp_path):
+    # an earlier run timed v10 against cuBLAS's default (promoted): its stored % is not like for like, so no % is
+    # shown, and a cuBLAS row's % of anything else (171% of bf16 cuBLAS) is never shown
+    old = [c for c in FP8_RUN if "fast" not in c[0] and "promoted" not in c[0]]
+    old = [("cublas fp8 tensor", "0.12", "1145", "171", "1.7e-03") if c[0] == "cublas fp8 tensor" else c for c in old]
+    rows = fp8_rows(old)
+    table = plot.fp8_table(rows, False)  # cuBLAS fast was not timed: its cells are "-"
+    assert "| 4096x4096x4096 | burst | 781 / 625 | - / 1,249 | - / 1,249 | 1,227 / 808 (65.4% ±1.0) | 2.00x |" in table
+    assert "171" not in table and "(95.5%" not in table
+    assert plot.fp8_accumulation_table(rows).startswith("Not measured yet: `python matmul_v11.py --full`")
+    # a like-for-like contender measured on another day is another run: no %
+    rows = fp8_rows(FP8_RUN[:1]) + fp8_rows(FP8_RUN[1:2], date="2026-11-26")
+    assert "(95.5%" not in plot.fp8_table(rows, False)
 
 
 def test_fp8_peer_table_says_when_not_measured():
-    assert plot.fp8_peer_table([]).startswith("Not measured yet: `python matmul_v10.py --peer`")
+    assert plot.fp8_peer_table([]).startswith("Not measured yet:")
+    assert plot.fp8_peer_table(fp8_rows(FP8_RUN[:1])).startswith("Not measured yet: `python matmul_v10.py --peer`")
 
 
 def test_a_change_beyond_the_repeatability_is_not_level_and_unpaired_runs_are_not_compared(tmp_path):

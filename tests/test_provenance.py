@@ -32,5 +32,14 @@ def test_recorded_programs_are_the_kernels_on_disk(version):
     # a kernel changed since its rows were measured: measure it again (python plot.py, or the fp8 version's script)
     on_disk = provenance.hashes(f"matmul_{version}")
     recorded = RECORDED[version]["programs"]
-    changed = sorted(key for key in set(on_disk) | set(recorded) if on_disk.get(key) != recorded.get(key))
+    # a kernel table none of whose programs were recorded (v11's promoted one, before it was first measured)
+    # measured no row: its schedules are left out
+    measured = {table(key) for key in recorded}
+    changed = sorted(key for key in set(on_disk) | set(recorded)
+                     if table(key) in measured and on_disk.get(key) != recorded.get(key))
     assert not changed, f"{version}'s rows were measured on other kernels; these schedules differ: {changed[:4]}"
+
+
+def table(key: str) -> str:
+    """The kernel table a recorded schedule belongs to: its prefix ('block-wise', 'promoted'), or '' for KERNELS."""
+    return "" if key.startswith("block_m=") else key.split(" ")[0]

@@ -1,6 +1,7 @@
 """A real model on the kernels: Llama-3-8B's layers, random weights, its Linears on a version's GEMM, against cuBLAS.
 
     python model_llama.py [--version v9] [--layers 2] [--seconds 0.5]    (needs: pip install -e ".[model]")
+    python model_llama.py --version v11 [--quant]
 
 It builds Hugging Face transformers' Llama from a ``LlamaConfig`` with Llama-3-8B's layer
 dimensions (hidden 4096, MLP 14336, 32 heads, 8 KV heads) and a few layers, random bf16
@@ -19,14 +20,21 @@ weights (nothing is downloaded), and a copy with every eligible ``nn.Linear`` sw
    rounds, and the spread;
 3. the share of the GPU's time spent in GEMMs, from one profiled eager pass of each.
 
-Rows are merged into results/<gpu>_model.csv (a row per backend, scenario and mode);
-``python plot.py`` writes the table of docs/torch.md from them. Walkthrough: docs/torch.md.
+With an fp8 version (``--version v11``: block-wise scales; ``v10``: row-wise) the copy's
+Linears are ``fp8_torch.Fp8Linear``s (the LM head stays bf16), and a third model runs the same
+Fp8Linears through ``torch._scaled_mm`` (the peer); the logits of each are compared with the
+bf16 model's. ``--quant`` times the activation quantizer alone instead, at prefill shapes.
+
+Rows are merged into results/<gpu>_model.csv (a row per run, backend, scenario and mode) and
+results/<gpu>_quant.csv; ``python plot.py`` writes docs/torch.md's tables from them.
+Walkthrough: docs/torch.md.
 """
 
 import argparse
 import copy
 import csv
 import datetime
+import importlib
 import os
 import random
 import statistics
@@ -35,7 +43,7 @@ import time
 
 import torch
 
-from support import cli, gpu, torch_op
+from support import bench, cli, fp8_torch, gpu, measure, scaled, torch_op
 
 CONFIG = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
               vocab_size=32768, max_position_embeddings=4096, rope_theta=500000.0)
@@ -44,8 +52,14 @@ DECODE = {"decode b1": 1, "decode b16": 16}
 CONTEXT, CACHE_LEN = 512, 1024  # tokens in the KV cache before the timed decode step, and its size
 ROUNDS = 3
 GEMM_KERNELS = ("gemm", "nvjet", "tilus", "xmma", "cutlass")  # kernel names of cuBLAS's and the versions' GEMMs
-FIELDS = ["gpu", "model", "backend", "scenario", "mode", "ms", "tokens_per_s", "pct_of_cublas", "pct_spread",
+# run: the --version that measured the row, with --scaling where not the version's own (rows from before the column
+# existed are v9's)
+FIELDS = ["gpu", "model", "run", "backend", "scenario", "mode", "ms", "tokens_per_s", "pct_of_cublas", "pct_spread",
           "gemm_share", "logits_rel_err", "top1_agree", "graph_breaks", "torch", "transformers", "date"]
+# the activation quantizer at prefill: 2048 tokens into the layers' GEMMs (M x N x K): q/o, gate/up, down
+QUANT_SIZES = [(2048, 4096, 4096), (2048, 14336, 4096), (2048, 4096, 14336)]
+QUANT_FIELDS = ["gpu", "version", "scaling", "granularity", "m", "n", "k", "quant_ms", "quant_tb_s", "pct_of_bandwidth",
+                "copy_ms", "gemm_ms", "pct_of_gemm", "x8_mismatch", "scale_max_rel_diff", "torch", "date"]
 
 
 def build(layers: int):
@@ -143,57 +157,140 @@ def gemm_share(call) -> float:
     return gemm / total if total else float("nan")
 
 
-def compare_logits(reference, swapped, config) -> tuple[float, float]:
+def compare_logits(reference, swapped, config) -> tuple[float, float, float]:
+    """The swapped model's logits against the reference's on one 2048-token prompt: relative Frobenius error, the
+    share of positions where both pick the same next token, and the worst 64 x 64 tile's relative error
+    (``measure.relative_error``, the repository's check)."""
     ids = inputs(config, 1, 2048, 4)
     with torch.no_grad():
-        a, b = reference(input_ids=ids, use_cache=False).logits.float(), swapped(input_ids=ids, use_cache=False).logits.float()
-    return (torch.linalg.norm(b - a) / torch.linalg.norm(a)).item(), (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+        a = reference(input_ids=ids, use_cache=False).logits.float()[0]
+        b = swapped(input_ids=ids, use_cache=False).logits.float()[0]
+    return ((torch.linalg.norm(b - a) / torch.linalg.norm(a)).item(),
+            (a.argmax(-1) == b.argmax(-1)).float().mean().item(), measure.relative_error(b, a))
 
 
-def save(rows: list[dict], path) -> None:
-    """Merge the rows into the CSV at ``path``, replacing earlier rows of the same backend, scenario and mode."""
-    key = lambda row: (row["backend"], row["scenario"], row["mode"])  # noqa: E731
+def build_models(reference, version: str, scaling: str | None) -> dict:
+    """name -> model: the bf16 model on cuBLAS ('cublas') and copies with their Linears swapped: on a 16-bit
+    version's op; or, for an fp8 version, on its op ('v11 fp8 block') and on torch._scaled_mm ('scaled_mm fp8
+    block'), the same Fp8Linears with the same quantized weights."""
+    models = {"cublas": reference}
+    if not fp8_torch.is_fp8(version):
+        backends = {version: {}}
+    else:
+        scaling = scaling or fp8_torch.scalings(version)[0]
+        backends = {f"{version} fp8 {scaling}": dict(scaling=scaling),
+                    f"scaled_mm fp8 {scaling}": dict(scaling=scaling, backend="scaled_mm")}
+    for name, options in backends.items():
+        models[name] = copy.deepcopy(reference)
+        names, kept = torch_op.swap_linears(models[name], version, **options)
+        print(f"{name}: {len(names)} Linears swapped" + "".join(f"; kept {k}: {why}" for k, why in kept.items()),
+              flush=True)
+    return models
+
+
+def time_quantizer(version: str, scaling: str | None, repeat: int) -> list[dict]:
+    """The activation quantizer at the prefill GEMMs' shapes: its GPU time alone (burst: L2 flushed, launches queued
+    ahead), its bytes (bf16 read, e4m3 and scales written) against a device-to-device copy's bandwidth, and
+    against the time of the GEMM it feeds; with how far its output is from ``scaled.quantize``'s."""
+    scaling = scaling or fp8_torch.scalings(version)[0]
+    granularity = fp8_torch.ACTIVATION[scaling]
+    matmul = importlib.import_module(f"matmul_{version}").matmul
+    copy_bytes_per_s = bench.copy_bandwidth()
+    print(f"device-to-device copy: {copy_bytes_per_s / 1e12:.2f} TB/s (bytes read + written)", flush=True)
+    rows = []
+    for m, n, k in QUANT_SIZES:
+        gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+        x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
+        b8, scale_b = scaled.quantize(torch.randn(n, k, generator=gen, device="cuda"), fp8_torch.WEIGHT[scaling])
+        a8, scale_a = fp8_torch.quantize_activations(x, granularity)
+        r8, r_scale = scaled.quantize(x, granularity)
+        mismatch = (a8.view(torch.uint8) != r8.view(torch.uint8)).float().mean().item()
+        scale_diff = ((scale_a - r_scale).abs() / r_scale).max().item()
+        out, copied = torch.empty(m, n, dtype=torch.bfloat16, device="cuda"), torch.empty_like(x)
+        ms = measure.time_burst({"quantize": lambda: fp8_torch.quantize_activations(x, granularity),
+                                 "copy": lambda: copied.copy_(x),
+                                 "gemm": lambda: matmul(a8, b8, scale_a, scale_b, out)}, repeat)
+        moved = x.numel() * (2 + 1) + scale_a.numel() * 4  # bf16 read; e4m3 and float32 scales written
+        rows.append({"gpu": torch.cuda.get_device_name(), "version": version, "scaling": scaling,
+                     "granularity": granularity, "m": m, "n": n, "k": k, "quant_ms": f"{ms['quantize']:.5f}",
+                     "quant_tb_s": f"{moved / (ms['quantize'] * 1e-3) / 1e12:.3f}",
+                     "pct_of_bandwidth": f"{100 * moved / (ms['quantize'] * 1e-3) / copy_bytes_per_s:.1f}",
+                     "copy_ms": f"{ms['copy']:.5f}", "gemm_ms": f"{ms['gemm']:.5f}",
+                     "pct_of_gemm": f"{100 * ms['quantize'] / ms['gemm']:.1f}", "x8_mismatch": f"{mismatch:.2e}",
+                     "scale_max_rel_diff": f"{scale_diff:.2e}", "torch": torch.__version__,
+                     "date": datetime.date.today().isoformat()})
+        print(f"{m}x{n}x{k} {granularity}: quantize {ms['quantize'] * 1e3:.1f} us ({rows[-1]['pct_of_bandwidth']}% of "
+              f"the copy bandwidth, {rows[-1]['pct_of_gemm']}% of the {version} GEMM's {ms['gemm'] * 1e3:.1f} us); "
+              f"e4m3 values unlike scaled.quantize's: {mismatch:.2e}", flush=True)
+    return rows
+
+
+def save(rows: list[dict], path, fields=FIELDS, key_fields=("run", "backend", "scenario", "mode")) -> None:
+    """Merge the rows into the CSV at ``path``, replacing earlier rows with the same ``key_fields``."""
+    key = lambda row: tuple(str(row[field]) for field in key_fields)  # noqa: E731
     new = {key(row) for row in rows}
     kept = []
     if os.path.exists(path):
         with open(path) as f:
-            kept = [row for row in csv.DictReader(f) if key(row) not in new]
+            kept = [{"run": "v9"} | row if fields is FIELDS else row for row in csv.DictReader(f)]
+        kept = [row for row in kept if key(row) not in new]
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(kept + rows)
     print(f"wrote {path}", flush=True)
 
 
+def run_name(args) -> str:
+    """The run column: the version, and the scaling where it is not the version's own ('v11-row')."""
+    if fp8_torch.is_fp8(args.version) and args.scaling and args.scaling != fp8_torch.scalings(args.version)[0]:
+        return f"{args.version}-{args.scaling}"
+    return args.version
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--version", default="v9", help="the version whose kernels the Linears use (default v9)")
+    parser.add_argument("--version", default="v9", help="the version whose kernels the Linears use (default v9; "
+                        "v10, v11: fp8)")
+    parser.add_argument("--scaling", choices=sorted(fp8_torch.ACTIVATION),
+                        help="fp8: row-wise or block-wise scales (default: v10 row, v11 block)")
     parser.add_argument("--layers", type=int, default=2, help="decoder layers (Llama-3-8B has 32; default 2)")
     parser.add_argument("--seconds", type=float, default=0.5, help="length of each timed window")
     parser.add_argument("--scenarios", nargs="+", default=[*PREFILL, *DECODE], choices=[*PREFILL, *DECODE])
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled", "CUDA graph"],
                         choices=["eager", "compiled", "CUDA graph"],
                         help="compiled applies to prefill, CUDA graph to decode (default: all)")
-    parser.add_argument("--out", help="CSV to write (default results/<gpu>_model.csv)")
+    parser.add_argument("--quant", action="store_true",
+                        help="fp8: time the activation quantizer at prefill shapes instead (results/<gpu>_quant.csv)")
+    parser.add_argument("--repeat", type=int, default=100, help="--quant: timed launches of each")
+    parser.add_argument("--out", help="CSV to write (default results/<gpu>_model.csv, or _quant.csv)")
     args = parser.parse_args(argv)
     try:
         gpu.gpu_arch()
     except gpu.UnsupportedGPUError as reason:
         print(f"No Hopper or Blackwell GPU here ({reason}): the model needs one.")
         return 1
+    if args.quant:
+        if not fp8_torch.is_fp8(args.version):
+            parser.error(f"--quant times the fp8 activation quantizer: pass an fp8 --version, not {args.version}")
+        save(time_quantizer(args.version, args.scaling, args.repeat),
+             args.out or cli.RESULTS_DIR / f"{gpu.gpu_label()}_quant.csv", QUANT_FIELDS,
+             ("version", "scaling", "m", "n", "k"))
+        return 0
     import transformers
 
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False  # cuBLAS accumulates in fp32 too
     config, reference = build(args.layers)
-    swapped = copy.deepcopy(reference)
-    names, kept = torch_op.swap_linears(swapped, args.version)
-    print(f"Llama, {args.layers} layers of Llama-3-8B's dimensions: {len(names)} Linears on {args.version}"
-          + "".join(f"; kept {name}: {why}" for name, why in kept.items()), flush=True)
-    models = {"cublas": reference, args.version: swapped}
-    error, agree = compare_logits(reference, swapped, config)
-    print(f"logits against the cuBLAS model: relative error {error:.2e}, same next token at {100 * agree:.1f}% "
-          "of positions", flush=True)
-    common = {"gpu": torch.cuda.get_device_name(), "model": f"Llama-3-8B layers x {args.layers}",
+    print(f"Llama, {args.layers} layers of Llama-3-8B's dimensions, random bf16 weights", flush=True)
+    models = build_models(reference, args.version, args.scaling)
+    errors = {}
+    for name, model in models.items():
+        if name != "cublas":
+            errors[name] = compare_logits(reference, model, config)
+            print(f"{name}: logits against the cuBLAS model: relative Frobenius error {errors[name][0]:.2e}, worst "
+                  f"64 x 64 tile {errors[name][2]:.2e}, same next token at {100 * errors[name][1]:.1f}% of positions",
+                  flush=True)
+    common = {"gpu": torch.cuda.get_device_name(), "model": f"Llama-3-8B layers x {args.layers}", "run": run_name(args),
               "torch": torch.__version__, "transformers": transformers.__version__,
               "date": datetime.date.today().isoformat()}
     rows = []
@@ -231,12 +328,14 @@ def main(argv=None) -> int:
                 if mode == "eager":
                     with torch.no_grad():
                         share = f"{gemm_share(calls[name]):.3f}"
+                error, agree, _ = errors.get(name, (None, None, None))
                 rows.append(common | {
                     "backend": name, "scenario": scenario, "mode": mode, "ms": f"{ms:.4f}",
                     "tokens_per_s": f"{tokens / (ms * 1e-3):.1f}", "pct_of_cublas": f"{100 * statistics.median(samples['cublas']) / ms:.1f}",
                     "pct_spread": f"{max(ratios) - min(ratios):.1f}", "gemm_share": share,
-                    "logits_rel_err": f"{error:.2e}", "top1_agree": f"{agree:.4f}", "graph_breaks": str(breaks)})
-                print(f"{scenario:15s} {mode:8s} {name:7s} {ms:8.3f} ms  {tokens / (ms * 1e-3):10.1f} tokens/s  "
+                    "logits_rel_err": "" if error is None else f"{error:.2e}",
+                    "top1_agree": "" if agree is None else f"{agree:.4f}", "graph_breaks": str(breaks)})
+                print(f"{scenario:15s} {mode:10s} {name:20s} {ms:8.3f} ms  {tokens / (ms * 1e-3):10.1f} tokens/s  "
                       f"{rows[-1]['pct_of_cublas']}% of cuBLAS  GEMM share {share or '-'}", flush=True)
             del calls
             save(rows, path)  # after every scenario, so a run cut short keeps what it measured

@@ -28,14 +28,21 @@ import importlib
 import torch
 from torch import nn
 
+from support import dispatch
+
 DTYPES = (torch.float16, torch.bfloat16)
 _ops: dict[str, object] = {}
 
 
 def op(version: str = "v9"):
-    """``torch.ops.tilus_gemm.<version>``: a @ b.T through that version's kernels, registered once."""
+    """``torch.ops.tilus_gemm.<version>``: a @ b.T through that version's kernels, registered once (an fp8 version's
+    takes the scales too: ``support.fp8_torch.op``)."""
     if version in _ops:
         return _ops[version]
+    from support import fp8_torch
+
+    if fp8_torch.is_fp8(version):
+        return fp8_torch.op(version)
     matmul = importlib.import_module(f"matmul_{version}").matmul
 
     @torch.library.custom_op(f"tilus_gemm::{version}", mutates_args=(), device_types="cuda")
@@ -118,28 +125,45 @@ class Linear(nn.Module):
                f"version={self.version}"
 
 
-def swap_linears(model: nn.Module, version: str = "v9") -> tuple[list[str], dict[str, str]]:
+def swap_linears(model: nn.Module, version: str = "v9", **fp8) -> tuple[list[str], dict[str, str]]:
     """Replace every eligible ``nn.Linear`` of ``model`` by a ``Linear`` on its parameters, in place.
 
-    Returns the names swapped and, for each ``nn.Linear`` left as it was, why.
+    Returns the names swapped and, for each ``nn.Linear`` left as it was, why. An fp8 version
+    swaps in ``fp8_torch.Fp8Linear``s instead, ``fp8`` its options (``scaling``, ``backend``).
     """
+    from support import fp8_torch
+
+    if fp8_torch.is_fp8(version):
+        return fp8_torch.swap_linears(model, version, **fp8)
+    if fp8:
+        raise TypeError(f"{', '.join(fp8)}: options of the fp8 versions' swap, and {version} is a 16-bit version")
     swapped, kept = [], {}
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if type(child) is not nn.Linear:
-                continue
-            full = f"{name}.{child_name}" if name else child_name
-            reason = ineligible(child.in_features, child.out_features, child.weight.dtype)
-            if reason:
-                kept[full] = reason
-            else:
-                setattr(module, child_name, Linear.from_linear(child, version))
-                swapped.append(full)
+    for module, child_name, full, child in linears(model):
+        reason = ineligible(child.in_features, child.out_features, child.weight.dtype)
+        if reason:
+            kept[full] = reason
+        else:
+            setattr(module, child_name, Linear.from_linear(child, version))
+            swapped.append(full)
+            dispatch.reserve_workspace(child.weight.device)
     return swapped, kept
 
 
+def linears(model: nn.Module) -> list[tuple]:
+    """Each ``nn.Linear`` in ``model`` (not a subclass): (its parent, its attribute name, its full name, the Linear),
+    listed before the caller replaces any."""
+    return [(module, child_name, f"{name}.{child_name}" if name else child_name, child)
+            for name, module in model.named_modules() for child_name, child in module.named_children()
+            if type(child) is nn.Linear]
+
+
 def prepare(version: str, sizes, dtype: torch.dtype = torch.bfloat16, device: str = "cuda") -> None:
-    """Build and tune each (M, N, K) now, eagerly, so that no later call tunes (e.g. inside a graph capture)."""
+    """Build and tune each (M, N, K) now, eagerly, so that no later call tunes (e.g. inside a graph capture); an fp8
+    version's with its own scaling, C of ``dtype`` (``fp8_torch.prepare``)."""
+    from support import fp8_torch
+
+    if fp8_torch.is_fp8(version):
+        return fp8_torch.prepare(version, sizes, out_dtype=dtype, device=device)
     matmul = importlib.import_module(f"matmul_{version}").matmul
     for m, n, k in sizes:
         matmul(torch.randn(m, k, device=device).to(dtype), torch.randn(n, k, device=device).to(dtype))

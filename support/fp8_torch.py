@@ -1,0 +1,309 @@
+"""The fp8 versions (v10, v11) in a torch program: an op, activation quantization, an inference-only Linear, the swap.
+
+    from support.fp8_torch import Fp8Linear, op, quantize_activations, swap_linears
+
+    c = op("v11")(a8, b8, scale_a, scale_b, torch.bfloat16)  # torch.ops.tilus_gemm.v11
+    x8, scale = quantize_activations(x, "1x128")  # e4m3 and float32 scales, as v11 takes them
+    swapped, kept = swap_linears(model, "v11", scaling="block")  # each eligible nn.Linear but the LM head
+    layer = Fp8Linear.from_linear(linear, "v10", scaling="row")
+
+- ``op(version)`` is ``torch.ops.tilus_gemm.<version>``: ``(a8, b8, scale_a, scale_b, out_dtype)
+  -> C`` through that version's ``matmul``. The scaling follows from the scales' shapes, as
+  ``matmul`` reads it. The fake implementation checks every rule that needs no memory and
+  gives C's shape (M x N) and dtype, so ``torch.compile(fullgraph=True)`` traces through it.
+  The first call at a size bucket tunes, and ``support.dispatch`` refuses that inside a CUDA
+  graph capture, as for the 16-bit ops: call ``prepare`` or run once eagerly first.
+- ``quantize_activations`` quantizes each row (per token) or each 1 x 128 block of a bf16
+  activation into e4m3 and float32 scales, with ``scaled.quantize``'s arithmetic: one
+  memory-bound kernel, which torch.compile writes from a few lines of torch. The 1 x 128
+  scales come out M-major (``scaled.m_major``), as v11's kernel loads them by TMA.
+- ``Fp8Linear`` holds its weight in e4m3 with its scales (per output channel, or per 128 x
+  128 block), quantized once; each call quantizes its input, runs the op and adds the bias.
+  Inference only: a call that autograd would record raises. ``backend="scaled_mm"`` runs the
+  same quantized tensors through ``torch._scaled_mm`` (cuBLASLt, as the op ``scaled_mm_op``)
+  instead: the peer it is timed against.
+"""
+
+import importlib
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import is_fake
+
+from support import dispatch, scaled, versions
+
+# what each scaling quantizes: the activations (A, rows = tokens) and the weights (B, rows = output channels)
+ACTIVATION = {"row": "row", "block": "1x128"}
+WEIGHT = {"row": "row", "block": "128x128"}
+OUT_DTYPES = tuple(scaled.OUT_DTYPES)
+# the Linear that swap_linears keeps in 16-bit whatever its shape, and why
+KEEP = {"lm_head": "for the logits' precision (fp8 serving stacks quantize the decoder's Linears and keep the LM "
+                   "head in 16-bit)"}
+BACKENDS = ("tilus", "scaled_mm")
+_ops: dict[str, object] = {}
+
+
+def is_fp8(version: str) -> bool:
+    """A version whose matmul takes e4m3 operands with their scales (v10, v11)."""
+    return (versions.REPO / f"matmul_{version}.py").exists() and versions.is_fp8(f"matmul_{version}")
+
+
+def scalings(version: str) -> tuple[str, ...]:
+    """The scalings an Fp8Linear on ``version`` can use: row-wise, and block-wise where the version has its kernels;
+    the first is the version's own idea (v11: block-wise)."""
+    module = importlib.import_module(f"matmul_{version}")
+    return ("block", "row") if getattr(module, "BLOCKWISE_KERNELS", None) is not None else ("row",)
+
+
+def check_meta(version: str, a, b, scale_a, scale_b, out_dtype) -> str:
+    """The rules of ``scaled.check_inputs`` that need no memory (``scaled.check_shapes``) and the version's
+    scalings; the scaling, or a TypeError/ValueError naming the rule. The op's fake implementation."""
+    m, n, k, scaling = scaled.check_shapes(a, b, scale_a, scale_b, out_dtype)
+    if scaling == "block" and "block" not in scalings(version):
+        later = scaled.next_fp8(version)
+        raise ValueError(f"{version} takes per-tensor and row-wise scales; block-wise scales (scale_a "
+                         f"{tuple(scale_a.shape)}, scale_b {tuple(scale_b.shape)}) are {later}'s: "
+                         f"matmul_{later}.matmul")
+    return scaling
+
+
+def op(version: str = "v11"):
+    """``torch.ops.tilus_gemm.<version>``: (a8, b8, scale_a, scale_b, out_dtype) -> C, registered once."""
+    if version in _ops:
+        return _ops[version]
+    if not is_fp8(version):
+        fp8 = [name.removeprefix("matmul_") for name in versions.fp8()]
+        raise ValueError(f"{version} is not an fp8 version (those are {fp8}); support.torch_op.op takes the 16-bit ones")
+    matmul = importlib.import_module(f"matmul_{version}").matmul
+
+    @torch.library.custom_op(f"tilus_gemm::{version}", mutates_args=(), device_types="cuda")
+    def gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+             out_dtype: torch.dtype) -> torch.Tensor:
+        return matmul(a, b, scale_a, scale_b, out_dtype=out_dtype)
+
+    @gemm.register_fake
+    def _(a, b, scale_a, scale_b, out_dtype):
+        check_meta(version, a, b, scale_a, scale_b, out_dtype)
+        return a.new_empty(a.shape[0], b.shape[0], dtype=out_dtype)
+
+    def backward(ctx, grad):
+        raise RuntimeError(f"tilus_gemm.{version} is inference-only: it has no backward; call it under "
+                           "torch.no_grad()")
+
+    gemm.register_autograd(backward)
+    _ops[version] = getattr(torch.ops.tilus_gemm, version)
+    return _ops[version]
+
+
+def scaled_mm_op():
+    """``torch.ops.tilus_gemm.scaled_mm``: torch._scaled_mm (cuBLASLt) behind a custom op, the peer's GEMM.
+
+    As an op, Inductor hands it its scales in the layout they were traced with (a custom op's
+    inputs keep their strides) and never replaces cuBLASLt by a Triton template of its own: the
+    peer is cuBLASLt in every mode, as the tilus op is tilus.
+    """
+    if "scaled_mm" in _ops:
+        return _ops["scaled_mm"]
+
+    @torch.library.custom_op("tilus_gemm::scaled_mm", mutates_args=(), device_types="cuda")
+    def gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype,
+             use_fast_accum: bool) -> torch.Tensor:
+        return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype, use_fast_accum=use_fast_accum)
+
+    @gemm.register_fake
+    def _(a, b, scale_a, scale_b, out_dtype, use_fast_accum):
+        torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
+                     lambda: f"scaled_mm: a (M x K) and b (K x N), got {tuple(a.shape)} and {tuple(b.shape)}")
+        return a.new_empty(a.shape[0], b.shape[1], dtype=out_dtype)
+
+    _ops["scaled_mm"] = torch.ops.tilus_gemm.scaled_mm
+    return _ops["scaled_mm"]
+
+
+# --- activation quantization ---------------------------------------------------------------------------
+
+def quantize_rows(x: torch.Tensor, granularity: str, layout: str = "m4") -> tuple[torch.Tensor, torch.Tensor]:
+    """(x8, scale) of a 2-D activation, ``scaled.quantize``'s arithmetic: 'row' gives rows x 1 scales, '1x128'
+    rows x ceil(K / 128) ones, laid out as ``layout`` says: 'm4' M-major with the rows padded to a multiple of 4
+    (``scaled.m_major``: v11's), 'm' M-major unpadded, 'k' K-major (row-major)."""
+    rows, k = x.shape
+    x32 = x.float()
+    if granularity == "row":
+        scale = x32.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / scaled.E4M3_MAX
+        return (x32 / scale).clamp(-scaled.E4M3_MAX, scaled.E4M3_MAX).to(scaled.FP8), scale
+    kb = -(-k // scaled.BLOCK)
+    blocks = torch.nn.functional.pad(x32, (0, kb * scaled.BLOCK - k)).view(rows, kb, scaled.BLOCK)
+    scale = blocks.abs().amax(dim=2).clamp(min=1e-12) / scaled.E4M3_MAX
+    x8 = (blocks / scale[:, :, None]).clamp(-scaled.E4M3_MAX, scaled.E4M3_MAX).view(rows, kb * scaled.BLOCK)[:, :k]
+    x8 = x8.to(scaled.FP8).contiguous()
+    if layout == "k":
+        return x8, scale
+    by_k = scale.new_empty(kb, rows + (-rows % 4 if layout == "m4" else 0))  # K blocks x rows, as scaled.m_major
+    by_k[:, :rows] = scale.T
+    return x8, by_k[:, :rows].T
+
+
+# one memory-bound kernel per shape (fullgraph: no break); the rows dimension is dynamic, K static (the row-wise
+# reduction's length, which decides its kernel)
+_compiled = torch.compile(quantize_rows, fullgraph=True)
+# each (granularity, layout, K, dtype) and a single row is a compilation of its own: a model takes a few, a test many,
+# and dynamo's default limit of 8 per function fails the ninth under fullgraph
+torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+
+
+def quantize_activations(x: torch.Tensor, granularity: str, layout: str = "m4") -> tuple[torch.Tensor, torch.Tensor]:
+    """x (rows x K, bf16/fp16/fp32) in e4m3 with its float32 scales: per token ('row', rows x 1) or per 1 x 128
+    block ('1x128', rows x ceil(K / 128), M-major as v11 takes them); one compiled kernel.
+
+    Inside a model that torch.compile traces, it is traced into the model's graph instead, where
+    Inductor may fuse it with what produced x (an RMSNorm, an activation function).
+    """
+    if granularity not in ACTIVATION.values():
+        raise ValueError(f"activations are quantized per token ('row') or per 1 x 128 block ('1x128'), got "
+                         f"{granularity!r}")
+    if torch.compiler.is_compiling() or is_fake(x):  # traced (or shapes only): the torch ops themselves
+        return quantize_rows(x, granularity, layout)
+    torch._dynamo.maybe_mark_dynamic(x, 0)
+    torch._dynamo.mark_static(x, 1)
+    return _compiled(x, granularity, layout)
+
+
+# --- the Linear ----------------------------------------------------------------------------------------
+
+def ineligible(in_features: int, out_features: int, dtype: torch.dtype, backend: str = "tilus") -> str | None:
+    """Why an fp8 Linear cannot take this layer, or None if it can."""
+    if dtype not in OUT_DTYPES:
+        return f"dtype {dtype} (the fp8 Linear returns fp16 or bf16, as the layer it replaces)"
+    if in_features % 16:
+        return f"in_features {in_features} is not a multiple of 16 (TMA needs 16-byte rows of fp8)"
+    if out_features % (16 if backend == "scaled_mm" else 8):
+        return f"out_features {out_features} is not a multiple of " + (
+            "16 (torch._scaled_mm needs it)" if backend == "scaled_mm" else "8 (TMA stores 16-byte rows of C)")
+    return None
+
+
+class Fp8Linear(nn.Module):
+    """``y = x @ W.T + bias`` with W in e4m3 (quantized once) and x quantized at each call; inference only.
+
+    ``scaling``: 'row' (a scale per output channel and per token) or 'block' (per 128 x 128 block
+    of W and per 1 x 128 block of x). ``backend``: 'tilus' (the version's op) or 'scaled_mm'
+    (``torch._scaled_mm`` on the same tensors, through ``scaled_mm_op``: cuBLASLt, the peer).
+    The weight, its scales and the bias are buffers: they move with ``.to()`` and are in the
+    state dict, but are no Parameters.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, version: str = "v11",
+                 scaling: str | None = None, backend: str = "tilus", device=None, dtype=torch.bfloat16):
+        super().__init__()
+        scaling = scaling or scalings(version)[0]
+        if scaling not in scalings(version):
+            raise ValueError(f"{version} takes scaling {' or '.join(map(repr, scalings(version)))} in an Fp8Linear, "
+                             f"got {scaling!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        reason = ineligible(in_features, out_features, dtype, backend)
+        if reason:
+            raise ValueError(f"Fp8Linear({in_features}, {out_features}): {reason}")
+        self.in_features, self.out_features, self.version = in_features, out_features, version
+        self.scaling, self.backend, self.dtype = scaling, backend, dtype
+        n_scales = (out_features, 1) if scaling == "row" else (-(-out_features // scaled.BLOCK),
+                                                               -(-in_features // scaled.BLOCK))
+        self.register_buffer("weight", torch.empty(out_features, in_features, device=device, dtype=scaled.FP8))
+        self.register_buffer("weight_scale", torch.ones(n_scales, device=device, dtype=torch.float32))
+        self.register_buffer("bias", torch.zeros(out_features, device=device, dtype=dtype) if bias else None)
+        self.gemm = op(version) if backend == "tilus" else scaled_mm_op()
+        self.peer = None  # scaled_mm, block-wise: the activation scales' layout torch takes ('m' or 'k'), once known
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, version: str = "v11", scaling: str | None = None,
+                    backend: str = "tilus") -> "Fp8Linear":
+        """An Fp8Linear holding ``linear``'s weight quantized (once, here) and a copy of its bias."""
+        weight = linear.weight.detach()
+        module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, version=version,
+                     scaling=scaling, backend=backend, device="meta", dtype=weight.dtype)
+        module.weight, module.weight_scale = scaled.quantize(weight, WEIGHT[module.scaling])
+        if linear.bias is not None:
+            module.bias = linear.bias.detach().clone()
+        if backend == "scaled_mm" and module.scaling == "block" and weight.is_cuda:
+            module.choose_peer_layout()  # now, eagerly: never inside a trace or a capture
+        return module
+
+    def choose_peer_layout(self) -> None:
+        """For torch._scaled_mm with block-wise scales: the first of ``scaled.BLOCK_FORMS`` that the installed torch
+        takes and computes right (``scaled.cublas_fp8``, on random activations), kept for every call."""
+        if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("Fp8Linear(backend='scaled_mm') picks the scales' layout torch._scaled_mm takes on its "
+                               "first call, eagerly: run it once before torch.compile traces it or a graph captures it")
+        x = torch.randn(128, self.in_features, device=self.weight.device)
+        a8, sa = scaled.quantize(x, "1x128")
+        form, refused = scaled.cublas_fp8("block", a8, self.weight, sa, self.weight_scale)
+        if form is None:
+            raise RuntimeError(f"torch._scaled_mm {torch.__version__} takes no block-wise scales for "
+                               f"{self.out_features}x{self.in_features}: {refused}")
+        sa_form, sb_form = scaled.cublas_scales("block", sa, self.weight_scale, form)
+        self.register_buffer("peer_scale_b", sb_form, persistent=False)
+        self.peer = "m" if sa_form.stride(0) == 1 else "k"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise RuntimeError("Fp8Linear is inference-only (no backward through fp8): its input requires grad; call "
+                               "the model under torch.no_grad() or torch.inference_mode()")
+        rows = x.reshape(-1, self.in_features)
+        if not rows.shape[0]:
+            return x.new_empty(*x.shape[:-1], self.out_features, dtype=self.dtype)
+        if self.backend == "tilus":
+            a8, scale_a = quantize_activations(rows, ACTIVATION[self.scaling])
+            y = self.gemm(a8, self.weight, scale_a, self.weight_scale, self.dtype)
+        elif self.scaling == "row":  # like for like: v10's kernel sums all of K in the wgmma's own accumulator
+            a8, scale_a = quantize_activations(rows, "row")
+            y = self.gemm(a8, self.weight.T, scale_a, self.weight_scale.view(1, -1), self.dtype, True)
+        else:  # block-wise: cuBLASLt promotes, as v11 does (the default)
+            if self.peer is None:
+                self.choose_peer_layout()
+            pad = -rows.shape[0] % 16  # cuBLASLt has no block-wise kernel for M = 1 (NOT_SUPPORTED); zero rows add nothing
+            a8, scale_a = quantize_activations(nn.functional.pad(rows, (0, 0, 0, pad)) if pad else rows, "1x128",
+                                               layout=self.peer)
+            y = self.gemm(a8, self.weight.T, scale_a, self.peer_scale_b, self.dtype, False)[:rows.shape[0]]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"version={self.version}, scaling={self.scaling}, backend={self.backend}")
+
+
+def swap_linears(model: nn.Module, version: str = "v11", scaling: str | None = None, backend: str = "tilus",
+                 keep: dict[str, str] = KEEP) -> tuple[list[str], dict[str, str]]:
+    """Replace each eligible ``nn.Linear`` of ``model`` by an ``Fp8Linear`` on its weight, in place.
+
+    A Linear whose attribute name is in ``keep`` (by default the LM head) stays as it is, as
+    does one the fp8 path cannot take. Returns the names swapped and, for each ``nn.Linear`` left
+    as it was, why.
+    """
+    from support.torch_op import linears
+
+    swapped, kept = [], {}
+    for module, child_name, full, child in linears(model):
+        if child_name in keep:
+            kept[full] = f"stays {child.weight.dtype} {keep[child_name]}"
+        elif reason := ineligible(child.in_features, child.out_features, child.weight.dtype, backend):
+            kept[full] = reason
+        else:
+            setattr(module, child_name, Fp8Linear.from_linear(child, version, scaling, backend))
+            swapped.append(full)
+            dispatch.reserve_workspace(child.weight.device)
+    return swapped, kept
+
+
+def prepare(version: str, sizes, scaling: str | None = None, out_dtype: torch.dtype = torch.bfloat16,
+            device: str = "cuda") -> None:
+    """Build and tune each (M, N, K) now, with the scaling's scales, so that no later call tunes (e.g. inside a graph
+    capture); the activation quantizer is compiled for each (M, K) too."""
+    scaling = scaling or scalings(version)[0]
+    gemm = op(version)
+    for m, n, k in sizes:
+        a8, scale_a = quantize_activations(torch.randn(m, k, device=device, dtype=out_dtype), ACTIVATION[scaling])
+        b8, scale_b = scaled.quantize(torch.randn(n, k, device=device), WEIGHT[scaling])
+        gemm(a8, b8, scale_a, scale_b, out_dtype)
+    torch.cuda.synchronize()

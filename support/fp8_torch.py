@@ -14,8 +14,8 @@
   The first call at a size bucket tunes, and ``support.dispatch`` refuses that inside a CUDA
   graph capture, as for the 16-bit ops: call ``prepare`` or run once eagerly first.
 - ``quantize_activations`` quantizes each row (per token) or each 1 x 128 block of a bf16
-  activation into e4m3 and float32 scales, with ``scaled.quantize``'s arithmetic: one
-  memory-bound kernel, which torch.compile writes from a few lines of torch. The 1 x 128
+  activation into e4m3 and float32 scales, with ``scaled.quantize``'s arithmetic, which
+  torch.compile turns into Triton kernels (for 1 x 128 blocks two: the input is read twice). The 1 x 128
   scales come out M-major (``scaled.m_major``), as v11's kernel loads them by TMA.
 - ``Fp8Linear`` holds its weight in e4m3 with its scales (per output channel, or per 128 x
   128 block), quantized once; each call quantizes its input, runs the op and adds the bias.
@@ -143,8 +143,8 @@ def quantize_rows(x: torch.Tensor, granularity: str, layout: str = "m4") -> tupl
     return x8, by_k[:, :rows].T
 
 
-# one memory-bound kernel per shape (fullgraph: no break); the rows dimension is dynamic, K static (the row-wise
-# reduction's length, which decides its kernel)
+# compiled whole (fullgraph: no break); the rows dimension is dynamic, K static (the row-wise reduction's length,
+# which decides its kernel)
 _compiled = torch.compile(quantize_rows, fullgraph=True)
 # each (granularity, layout, K, dtype) and a single row is a compilation of its own: a model takes a few, a test many,
 # and dynamo's default limit of 8 per function fails the ninth under fullgraph
@@ -153,7 +153,7 @@ torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
 
 def quantize_activations(x: torch.Tensor, granularity: str, layout: str = "m4") -> tuple[torch.Tensor, torch.Tensor]:
     """x (rows x K, bf16/fp16/fp32) in e4m3 with its float32 scales: per token ('row', rows x 1) or per 1 x 128
-    block ('1x128', rows x ceil(K / 128), M-major as v11 takes them); one compiled kernel.
+    block ('1x128', rows x ceil(K / 128), M-major as v11 takes them), compiled.
 
     Inside a model that torch.compile traces, it is traced into the model's graph instead, where
     Inductor may fuse it with what produced x (an RMSNorm, an activation function).

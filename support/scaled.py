@@ -337,7 +337,7 @@ def cublas_scales(scaling: str, scale_a: torch.Tensor, scale_b: torch.Tensor, fo
 
 
 # block-wise scale layouts to offer torch._scaled_mm, in order: A's M x K/128 scales K/128-major or
-# M-major, B's as given or transposed (its B operand is K x N, column-major), or with rows padded to 4
+# M-major, B's as given or transposed (its B operand is K x N, column-major)
 BLOCK_FORMS = [
     lambda sa, sb: (sa.T.contiguous().T, sb.T.contiguous().T),
     lambda sa, sb: (sa.T.contiguous().T, sb.contiguous()),
@@ -346,18 +346,7 @@ BLOCK_FORMS = [
     lambda sa, sb: (sa.contiguous(), sb.T.contiguous()),
     lambda sa, sb: (sa.T.contiguous().T, sb.T),
     lambda sa, sb: (sa.contiguous(), sb.T),
-    lambda sa, sb: (sa.T.contiguous().T, rows_of_4(sb).T),
-    lambda sa, sb: (sa.T.contiguous().T, rows_of_4(sb)),
 ]
-
-
-def rows_of_4(scale: torch.Tensor) -> torch.Tensor:
-    """``scale`` row-major, its row stride rounded up to a multiple of 4 elements: some torch versions ask this of
-    128 x 128 weight scales (their K/128 blocks; at K = 256 there are 2)"""
-    rows, cols = scale.shape
-    padded = scale.new_zeros(rows, -(-cols // 4) * 4)
-    padded[:, :cols] = scale
-    return padded[:, :cols]
 
 
 def cublas_fp8(scaling: str, a8, b8, scale_a, scale_b, fast: bool = False):

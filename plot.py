@@ -582,17 +582,23 @@ def quant_table(rows: list[dict]) -> str:
     bandwidth and against the GEMM it feeds."""
     if not rows:
         return "Not measured yet: `python model_llama.py --version v11 --quant` measures it.\n"
-    lines = ["| quantizer | M x K | GEMM (M x N x K) | quantizer µs | % of copy bandwidth | GEMM µs | quantizer / GEMM |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| quantizer | M x K | GEMM (M x N x K) | quantizer µs | % of copy bandwidth | % of a copy of x's "
+             "bandwidth | GEMM µs | quantizer / GEMM |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['granularity']} ({r['version']}) | {r['m']} x {r['k']} | {r['m']}x{r['n']}x{r['k']} | "
+        m, k = int(r["m"]), int(r["k"])
+        # a copy of x moves 4 bytes an element (2 read, 2 written) in copy_ms: the bandwidth a copy reaches at this size
+        copy_tb_s = 4 * m * k / (float(r["copy_ms"]) * 1e-3) / 1e12
+        lines.append(f"| {r['granularity']} ({r['version']}) | {m} x {k} | {m}x{r['n']}x{k} | "
                      f"{1e3 * float(r['quant_ms']):.1f} | {float(r['pct_of_bandwidth']):.1f}% | "
+                     f"{100 * float(r['quant_tb_s']) / copy_tb_s:.1f}% | "
                      f"{1e3 * float(r['gemm_ms']):.1f} | {float(r['pct_of_gemm']):.1f}% |")
     first = rows[0]
     worst = max(float(r["x8_mismatch"]) for r in rows)
     lines += ["", f"{first['gpu']}, {first['date']}, torch {first['torch']}: each launch alone, L2 flushed, median of "
               "the burst's runs. Bytes: the bf16 input read, the e4m3 output and the float32 scales written; the "
-              "bandwidth is a device-to-device copy's in the same run. Largest share of e4m3 values unlike "
+              "bandwidth is a 1-GiB device-to-device copy's in the same run, and a copy of x (of this size) in the same "
+              "burst. Largest share of e4m3 values unlike "
               f"scaled.quantize's: {worst:.1e}."]
     return "\n".join(lines) + "\n"
 

@@ -164,13 +164,15 @@ def refuse_capture(first_call: str) -> None:
             "support.torch_op.prepare)")
 
 
-def build_tune_run(script_cls, gpu: Device, args: tuple, **script_kwargs):
+def build_tune_run(script_cls, gpu: Device, args: tuple, size: str | None = None, finalist_count: int = TUNE_FINALISTS,
+                   **script_kwargs):
     """Build and tune the bucket of ``args``' size (once per machine; cached on disk), run it, return its launch
-    function; ``script_kwargs`` go to the kernel's constructor."""
+    function; ``script_kwargs`` go to the kernel's constructor, ``size`` names the size in what tuning reports
+    (M x N x K, the first three arguments, by default), ``finalist_count`` schedules are timed back to back."""
     with torch.cuda.device(gpu.index):
         use_cache(script_cls, gpu.label)
         script = script_cls(**script_kwargs)
-        tune_once(script, args)
+        tune_once(script, args, size, finalist_count)
         script(*args)
         return script.dispatch_table[keys(script, args)]
 
@@ -414,12 +416,13 @@ def tuning_report(timed: list[Timed], schedules: list[dict]) -> str:
     return "".join(lines)
 
 
-def tune_once(script, args: tuple) -> None:
-    """Pick this size bucket's schedule with rank_schedules, unless tilus already has one cached."""
+def tune_once(script, args: tuple, size: str | None = None, finalist_count: int = TUNE_FINALISTS) -> None:
+    """Pick this size bucket's schedule with rank_schedules, unless tilus already has one cached; ``size`` and
+    ``finalist_count`` as in ``build_tune_run``."""
     jit_key, tuning_key = keys(script, args)
     if (jit_key, tuning_key) in script.dispatch_table:
         return
-    m, n, k = args[:3]
+    size = size or "x".join(map(str, args[:3]))
     jit = script._jit_instance_for(*args)
     jit.programs()  # builds every schedule (cached on disk) and loads the saved picks
     if tuning_key in jit.dispatch_table or len(jit.compiled_programs) == 1:
@@ -429,17 +432,17 @@ def tune_once(script, args: tuple) -> None:
         if tuning_key in jit.dispatch_table:
             return
         name = script.script_cls.__name__
-        print(f"tuning {name} at {m}x{n}x{k}: timing {len(jit.compiled_programs)} schedules on a warm GPU...",
+        print(f"tuning {name} at {size}: timing {len(jit.compiled_programs)} schedules on a warm GPU...",
               file=sys.stderr, flush=True)
         start = time.perf_counter()
-        timed = rank_schedules(jit, args)
+        timed = rank_schedules(jit, args, count=finalist_count)
         best = timed[0]
         jit.dispatch_table[tuning_key] = best.index
         jit.dump_dispatch_table()
         schedules = [jit.schedules[index] for index in jit.valid_schedules]
-        report = jit.cache_dir / "tuning" / f"{m}x{n}x{k}.txt"
+        report = jit.cache_dir / "tuning" / f"{size}.txt"
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(tuning_report(timed, schedules))
-        print(f"tuning {name} at {m}x{n}x{k}: {best.loop_ms:.4f} ms back to back ({best.burst_ms:.4f} ms burst) "
+        print(f"tuning {name} at {size}: {best.loop_ms:.4f} ms back to back ({best.burst_ms:.4f} ms burst) "
               f"with {format_schedule(schedules[best.index])}, ranked in {time.perf_counter() - start:.1f} s "
               f"(all times: {report})", file=sys.stderr, flush=True)

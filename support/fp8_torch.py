@@ -14,8 +14,8 @@
   The first call at a size bucket tunes, and ``support.dispatch`` refuses that inside a CUDA
   graph capture, as for the 16-bit ops: call ``prepare`` or run once eagerly first.
 - ``quantize_activations`` quantizes each row (per token) or each 1 x 128 block of a bf16
-  activation into e4m3 and float32 scales, with ``scaled.quantize``'s arithmetic, which
-  torch.compile turns into Triton kernels (for 1 x 128 blocks two: the input is read twice). The 1 x 128
+  activation into e4m3 and float32 scales, with ``scaled.quantize``'s arithmetic, in one pass
+  of quantize.py's kernel (an op, ``tilus_gemm::quantize``, inside torch.compile). The 1 x 128
   scales come out M-major (``scaled.m_major``), as v11's kernel loads them by TMA.
 - ``Fp8Linear`` holds its weight in e4m3 with its scales (per output channel, or per 128 x
   128 block), quantized once; each call quantizes its input, runs the op and adds the bias.
@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
+import quantize
 from support import dispatch, scaled, versions
 
 # what each scaling quantizes: the activations (A, rows = tokens) and the weights (B, rows = output channels)
@@ -123,9 +124,9 @@ def scaled_mm_op():
 # --- activation quantization ---------------------------------------------------------------------------
 
 def quantize_rows(x: torch.Tensor, granularity: str, layout: str = "m4") -> tuple[torch.Tensor, torch.Tensor]:
-    """(x8, scale) of a 2-D activation, ``scaled.quantize``'s arithmetic: 'row' gives rows x 1 scales, '1x128'
-    rows x ceil(K / 128) ones, laid out as ``layout`` says: 'm4' M-major with the rows padded to a multiple of 4
-    (``scaled.m_major``: v11's), 'm' M-major unpadded, 'k' K-major (row-major)."""
+    """(x8, scale) of a 2-D activation, ``scaled.quantize``'s arithmetic in torch (the CPU's quantizer): 'row' gives
+    rows x 1 scales, '1x128' rows x ceil(K / 128) ones, laid out as ``layout`` says: 'm4' M-major with the rows
+    padded to a multiple of 4 (``scaled.m_major``: v11's), 'm' M-major unpadded, 'k' K-major (row-major)."""
     rows, k = x.shape
     x32 = x.float()
     if granularity == "row":
@@ -143,29 +144,36 @@ def quantize_rows(x: torch.Tensor, granularity: str, layout: str = "m4") -> tupl
     return x8, by_k[:, :rows].T
 
 
-# compiled whole (fullgraph: no break); the rows dimension is dynamic, K static (the row-wise reduction's length,
-# which decides its kernel)
-_compiled = torch.compile(quantize_rows, fullgraph=True)
-# each (granularity, layout, K, dtype) and a single row is a compilation of its own: a model takes a few, a test many,
-# and dynamo's default limit of 8 per function fails the ninth under fullgraph
-torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+# quantize.py's kernel as an op, registered on import (never first inside a trace), so that torch.compile traces
+# through it (fullgraph) and a CUDA graph records it
+@torch.library.custom_op("tilus_gemm::quantize", mutates_args=(), device_types="cuda")
+def quantize_op(x: torch.Tensor, granularity: str, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize.quantize(x, granularity, layout)
+
+
+@quantize_op.register_fake
+def _(x, granularity, layout):
+    rows, k = x.shape
+    groups = 1 if granularity == "row" else -(-k // scaled.BLOCK)
+    strides = (groups, 1) if layout == "k" else (1, rows + (-rows % 4 if layout == "m4" else 0))
+    return x.new_empty(rows, k, dtype=scaled.FP8), x.new_empty_strided((rows, groups), strides, dtype=torch.float32)
 
 
 def quantize_activations(x: torch.Tensor, granularity: str, layout: str = "m4") -> tuple[torch.Tensor, torch.Tensor]:
     """x (rows x K, bf16/fp16/fp32) in e4m3 with its float32 scales: per token ('row', rows x 1) or per 1 x 128
-    block ('1x128', rows x ceil(K / 128), M-major as v11 takes them), compiled.
+    block ('1x128', rows x ceil(K / 128), M-major as v11 takes them).
 
-    Inside a model that torch.compile traces, it is traced into the model's graph instead, where
-    Inductor may fuse it with what produced x (an RMSNorm, an activation function).
+    On a GPU, quantize.py's kernel (one pass; inside torch.compile, through ``quantize_op``); on
+    the CPU, ``quantize_rows``.
     """
     if granularity not in ACTIVATION.values():
         raise ValueError(f"activations are quantized per token ('row') or per 1 x 128 block ('1x128'), got "
                          f"{granularity!r}")
-    if torch.compiler.is_compiling() or is_fake(x):  # traced (or shapes only): the torch ops themselves
+    if not x.is_cuda:
         return quantize_rows(x, granularity, layout)
-    torch._dynamo.maybe_mark_dynamic(x, 0)
-    torch._dynamo.mark_static(x, 1)
-    return _compiled(x, granularity, layout)
+    if torch.compiler.is_compiling() or is_fake(x):
+        return torch.ops.tilus_gemm.quantize(x, granularity, layout)
+    return quantize.quantize(x, granularity, layout)
 
 
 # --- the Linear ----------------------------------------------------------------------------------------
@@ -299,7 +307,7 @@ def swap_linears(model: nn.Module, version: str = "v11", scaling: str | None = N
 def prepare(version: str, sizes, scaling: str | None = None, out_dtype: torch.dtype = torch.bfloat16,
             device: str = "cuda") -> None:
     """Build and tune each (M, N, K) now, with the scaling's scales, so that no later call tunes (e.g. inside a graph
-    capture); the activation quantizer is compiled for each (M, K) too."""
+    capture); the activation quantizer is built and tuned for each (M, K) too."""
     scaling = scaling or scalings(version)[0]
     gemm = op(version)
     for m, n, k in sizes:

@@ -153,7 +153,7 @@ def tflops(m: int, n: int, k: int, ms: float) -> float:
 
 def warm_up_gpu(a: torch.Tensor, b: torch.Tensor, seconds: float = 0.3) -> None:
     """Keep the tensor cores busy until the clocks have left their idle state."""
-    if a.dtype not in DTYPE_NAMES.values():  # fp8 (v10, v11): torch.matmul takes 16-bit operands
+    if a.dtype not in DTYPE_NAMES.values() or b.dtype != a.dtype:  # fp8 (v10, v11, the quantizer's output)
         a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
     torch.cuda.synchronize()
     start = time.perf_counter()

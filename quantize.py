@@ -1,0 +1,151 @@
+"""The activation quantizer: a 16-bit activation into e4m3 with float32 scales, in one pass.
+
+A memory-bound kernel, unlike the GEMMs: each block loads its rows once, finds each group's
+largest magnitude, stores the e4m3 values and one scale per group, and is done. No shared
+memory and no tensor cores: its speed is the bytes it moves (2 read and 1 written per
+element) against the copy bandwidth, and what hides memory latency is bytes in flight, so the
+schedules differ in how many rows a block loads at once. A group is 128 columns (v11's 1 x 128
+activation blocks) or a whole row (v10's per-token scales). The arithmetic is
+``scaled.quantize``'s, so the bits match it.
+"""
+
+import tilus
+import torch
+from tilus import float8_e4m3, float32, int32, void_p
+from tilus.ir.layout.ops.register_ops import local
+from tilus.utils import cdiv
+
+from support import dispatch
+
+E4M3_MAX = 448.0  # e4m3's largest finite value: each group's largest magnitude maps to it
+VECTOR = 8  # elements a thread loads at once: 16 bytes of bf16 or fp16
+TINY = 1e-12  # the smallest amax a scale divides by: an all-zero group quantizes to zeros, not NaN
+GROUPS = {"1x128": 128, "row": None}  # columns a scale covers: 128, or the whole row
+LAYOUTS = ("m4", "m", "k")  # the scales': M-major with rows padded to 4 (v11's), M-major, K-major
+DTYPES = {torch.bfloat16: tilus.bfloat16, torch.float16: tilus.float16, torch.float32: tilus.float32}
+
+
+class QuantizeGroups(tilus.Script):
+    """x (m x k) -> x8 (m x k, e4m3) and one float32 scale per row and group of ``group`` columns, at
+    ``row_stride`` and ``group_stride`` (M-major for v11: a group's scales contiguous).
+
+    Each thread loads 8 consecutive elements at a time (16 bytes of a 16-bit x), consecutive
+    threads consecutive 8s: a warp's loads cover whole 128-byte lines. A block holds
+    ``thread_rows`` rows a thread, and ``group`` columns rounded up to what its threads cover.
+    """
+
+    def __init__(self, group: int, thread_rows: int, warps: int, dtype=tilus.bfloat16):
+        super().__init__()
+        self.group, self.warps, self.dtype = group, warps, dtype
+        threads = warps * 32
+        # threads side by side along a row: a power of two, so that the rows of threads fill the block
+        self.across = min(threads, 1 << (cdiv(group, VECTOR) - 1).bit_length())
+        self.block_k = cdiv(group, VECTOR * self.across) * VECTOR * self.across
+        self.block_m = thread_rows * (threads // self.across)
+        self.layout = local(thread_rows, self.block_k // (VECTOR * self.across)).spatial(
+            threads // self.across, self.across).local(1, VECTOR)
+
+    def __call__(self, m: int32, k_vectors: int32, group_stride: int32, x_ptr: void_p, x8_ptr: void_p,
+                 scale_ptr: void_p, row_stride: int32):
+        self.attrs.blocks = cdiv(m, self.block_m), cdiv(k_vectors * VECTOR, self.group)
+        self.attrs.warps = self.warps
+        # K in whole vectors: tilus 0.2.0 takes every size argument to divide only by 1 (its divisibility key has
+        # no other entry, and assume() takes the gcd with it), so a vector's mask and alignment show only this way
+        k = k_vectors * VECTOR
+        m0 = self.blockIdx.x * self.block_m
+        k0 = self.blockIdx.y * self.group
+        g_x = self.global_view(x_ptr, dtype=self.dtype, shape=[m, k])
+        g_x8 = self.global_view(x8_ptr, dtype=float8_e4m3, shape=[m, k])
+        g_scale = self.global_view(scale_ptr, dtype=float32, shape=[m, cdiv(k, self.group)],
+                                   strides=[row_stride, group_stride])
+
+        # rows past m and columns past k (or past the group) load as zeros, which leave amax alone, and are not stored
+        loaded = self.load_global(g_x, offsets=[m0, k0], shape=[self.block_m, self.block_k])
+        self.annotate_layout(loaded, self.layout)
+        x = self.cast(loaded, float32)
+        amax = self.max(self.abs(x), dim=1, keepdim=True)
+        tiny = self.register_tensor(dtype=float32, shape=[self.block_m, 1], init=TINY)
+        scale = self.maximum(amax, tiny) / E4M3_MAX
+        self.store_global(g_x8, self.cast(self.clip(x / scale, -E4M3_MAX, E4M3_MAX), float8_e4m3), offsets=[m0, k0])
+        self.store_global(g_scale, scale, offsets=[m0, self.blockIdx.y])
+
+
+# 1 x 128 groups: 16 threads a row, so a block of 4 warps holds 8 rows a thread-row; more rows a thread put more
+# loads in flight (a memory-bound kernel hides latency with bytes in flight), fewer put more blocks on an SM
+@tilus.autotune("thread_rows", [1, 2, 4])
+@tilus.autotune("warps", [4, 8])
+class QuantizeBlocks(QuantizeGroups):
+    pass
+
+
+# whole rows (K of 4096 to 14336 in a Llama): a block holds one row a thread-row in registers, so the row's amax
+# needs no second read; 4 to 32 warps keep a 14336-wide row at 112 to 16 elements a thread
+@tilus.autotune("thread_rows", [1])
+@tilus.autotune("warps", [4, 8, 16, 32])
+class QuantizeRows(QuantizeGroups):
+    pass
+
+
+# schedules the tuner times back to back: a few microseconds a call and a space of 4 or 6 schedules, so two
+# finalists (1.2 s a bucket, against 2.3 s for a GEMM's five)
+FINALISTS = 2
+_launchers: dict[tuple, object] = {}
+
+
+def quantize(x: torch.Tensor, granularity: str, layout: str = "m4") -> tuple[torch.Tensor, torch.Tensor]:
+    """(x8, scale) of a 2-D CUDA tensor (bf16, fp16 or fp32): per token ('row', rows x 1 scales) or per 1 x 128
+    block ('1x128', rows x ceil(K / 128)), laid out as ``layout`` says: 'm4' M-major with the rows padded to a
+    multiple of 4 (``scaled.m_major``: v11's), 'm' M-major unpadded, 'k' K-major (row-major).
+
+    The first call at a (granularity, dtype, K) and rows bucket builds and tunes the kernel, as a version's
+    first call does (``support.dispatch``): never inside a CUDA graph capture."""
+    if granularity not in GROUPS:
+        raise ValueError(f"activations are quantized per token ('row') or per 1 x 128 block ('1x128'), got "
+                         f"{granularity!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if x.dim() != 2 or x.dtype not in DTYPES:
+        raise TypeError(f"quantize takes a 2-D tensor of {', '.join(map(str, DTYPES))}, got {x.dim()}-D {x.dtype}")
+    if x.shape[1] % VECTOR or not x.shape[1]:
+        raise ValueError(f"quantize takes rows of whole {VECTOR}-element vectors, got K = {x.shape[1]} (an fp8 GEMM's "
+                         "K is a multiple of 16 anyway: TMA moves 16-byte rows)")
+    if not x.is_cuda:
+        raise TypeError(f"quantize runs on a GPU, got a tensor on {x.device} (scaled.quantize is the CPU's)")
+    m, k = x.shape
+    if not x.is_contiguous() or x.data_ptr() % 16:
+        x = x.clone(memory_format=torch.contiguous_format)  # whole rows, 16-byte aligned: the vector loads need it
+    group = GROUPS[granularity] or k
+    groups = -(-k // group)
+    x8 = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    if layout == "k":
+        scales = scale = torch.empty(m, groups, dtype=torch.float32, device=x.device)
+    else:  # groups x rows (padded), of which scale is the first m columns, transposed
+        scales = torch.empty(groups, m + (-m % 4 if layout == "m4" else 0), dtype=torch.float32, device=x.device)
+        scale = scales[:, :m].T
+    if m:
+        launch(group, x, x8, scales, scale.stride(1), scale.stride(0))
+    return x8, scale
+
+
+def launch(group: int, x: torch.Tensor, x8: torch.Tensor, scales: torch.Tensor, group_stride: int,
+           row_stride: int) -> None:
+    """Run the kernel for ``group`` (building and tuning its bucket on the first call), on torch's current stream;
+    ``scales`` is the whole buffer the scales go to, at the strides given."""
+    m, k = x.shape
+    index = x.device.index
+    key = (group, x.dtype, index, dispatch.bucket(m), k, group_stride == 1)
+    func = _launchers.get(key)
+    if func is None:
+        dispatch.refuse_capture(f"the activation quantizer's first call at {m}x{k}")
+        script_cls = QuantizeBlocks if group == 128 else QuantizeRows
+        # the GEMMs' argument order (three sizes, three tensors, the rest), which the tuner's loops rotate
+        _launchers[key] = dispatch.build_tune_run(script_cls, dispatch.device(index),
+                                                  (m, k // VECTOR, group_stride, x, x8, scales, row_stride),
+                                                  size=f"{m}x{k}", finalist_count=FINALISTS, group=group,
+                                                  dtype=DTYPES[x.dtype])
+    elif not dispatch.current_raw_stream(index) and index == torch.cuda.current_device():
+        # addresses on the default stream: no tensor conversion
+        func(m, k // VECTOR, group_stride, x.data_ptr(), x8.data_ptr(), scales.data_ptr(), row_stride)
+    else:
+        with torch.cuda.device(index):  # tensors: tvm-ffi launches on torch's current stream
+            func(m, k // VECTOR, group_stride, x, x8, scales, row_stride)

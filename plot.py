@@ -582,24 +582,26 @@ def quant_table(rows: list[dict]) -> str:
     bandwidth and against the GEMM it feeds."""
     if not rows:
         return "Not measured yet: `python model_llama.py --version v11 --quant` measures it.\n"
-    lines = ["| quantizer | M x K | GEMM (M x N x K) | quantizer µs | % of copy bandwidth | % of a copy of x's "
-             "bandwidth | GEMM µs | quantizer / GEMM |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| quantizer | M x K | GEMM (M x N x K) | quantizer µs | % of copy bandwidth | copy of x µs | % of a copy "
+             "of x's bandwidth | GEMM µs | quantizer / GEMM |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m, k = int(r["m"]), int(r["k"])
         # a copy of x moves 4 bytes an element (2 read, 2 written) in copy_ms: the bandwidth a copy reaches at this size
         copy_tb_s = 4 * m * k / (float(r["copy_ms"]) * 1e-3) / 1e12
         lines.append(f"| {r['granularity']} ({r['version']}) | {m} x {k} | {m}x{r['n']}x{k} | "
                      f"{1e3 * float(r['quant_ms']):.1f} | {float(r['pct_of_bandwidth']):.1f}% | "
-                     f"{100 * float(r['quant_tb_s']) / copy_tb_s:.1f}% | "
+                     f"{1e3 * float(r['copy_ms']):.1f} | {100 * float(r['quant_tb_s']) / copy_tb_s:.1f}% | "
                      f"{1e3 * float(r['gemm_ms']):.1f} | {float(r['pct_of_gemm']):.1f}% |")
     first = rows[0]
     worst = max(float(r["x8_mismatch"]) for r in rows)
+    copy_tb_s = float(first["quant_tb_s"]) / (float(first["pct_of_bandwidth"]) / 100)
     lines += ["", f"{first['gpu']}, {first['date']}, torch {first['torch']}: each launch alone, L2 flushed, median of "
-              "the burst's runs. Bytes: the bf16 input read, the e4m3 output and the float32 scales written; the "
-              "bandwidth is a 1-GiB device-to-device copy's in the same run, and a copy of x (of this size) in the same "
-              "burst. Largest share of e4m3 values unlike "
-              f"scaled.quantize's: {worst:.1e}."]
+              "the burst's runs. Bytes: the bf16 input read (2 an element), the e4m3 output (1) and the float32 scales "
+              f"written. Copy bandwidth: a 1-GiB device-to-device copy's in the same run, {copy_tb_s:.2f} TB/s (bytes "
+              "read and written); a copy of x, in the same burst, moves 4 bytes an element. Largest share of e4m3 "
+              f"values unlike scaled.quantize's: {worst:.1e}; largest relative difference of a scale from its: "
+              f"{max(float(r.get('scale_max_rel_diff') or 0) for r in rows):.1e}."]
     return "\n".join(lines) + "\n"
 
 

@@ -1,12 +1,13 @@
 """The activation quantizer: a 16-bit activation into e4m3 with float32 scales, in one pass.
 
 A memory-bound kernel, unlike the GEMMs: each block loads its rows once, finds each group's
-largest magnitude, stores the e4m3 values and one scale per group, and is done. No shared
-memory and no tensor cores: its speed is the bytes it moves (2 read and 1 written per
+largest magnitude, stores the e4m3 values and one scale per group, and is done. No tensor
+cores, no pipeline: its speed is the bytes it moves (for bf16, 2 read and 1 written an
 element) against the copy bandwidth, and what hides memory latency is bytes in flight, so the
 schedules differ in how many rows a block loads at once. A group is 128 columns (v11's 1 x 128
 activation blocks) or a whole row (v10's per-token scales). The arithmetic is
-``scaled.quantize``'s, so the bits match it.
+``scaled.quantize``'s; tilus' fast division may round a quotient on an e4m3 boundary the
+other way (one e4m3 step, rarely).
 """
 
 import tilus
@@ -59,7 +60,7 @@ class QuantizeGroups(tilus.Script):
         g_scale = self.global_view(scale_ptr, dtype=float32, shape=[m, cdiv(k, self.group)],
                                    strides=[row_stride, group_stride])
 
-        # rows past m and columns past k (or past the group) load as zeros, which leave amax alone, and are not stored
+        # rows past m and columns past k load as zeros, which leave amax alone, and are not stored
         loaded = self.load_global(g_x, offsets=[m0, k0], shape=[self.block_m, self.block_k])
         self.annotate_layout(loaded, self.layout)
         x = self.cast(loaded, float32)
@@ -70,16 +71,17 @@ class QuantizeGroups(tilus.Script):
         self.store_global(g_scale, scale, offsets=[m0, self.blockIdx.y])
 
 
-# 1 x 128 groups: 16 threads a row, so a block of 4 warps holds 8 rows a thread-row; more rows a thread put more
-# loads in flight (a memory-bound kernel hides latency with bytes in flight), fewer put more blocks on an SM
+# 1 x 128 groups: 16 threads a row, so block_m is 8 x thread_rows with 4 warps (16 x with 8); more rows a thread put
+# more loads in flight (a memory-bound kernel hides latency with bytes in flight), fewer put more blocks on an SM
 @tilus.autotune("thread_rows", [1, 2, 4])
 @tilus.autotune("warps", [4, 8])
 class QuantizeBlocks(QuantizeGroups):
     pass
 
 
-# whole rows (K of 4096 to 14336 in a Llama): a block holds one row a thread-row in registers, so the row's amax
-# needs no second read; 4 to 32 warps keep a 14336-wide row at 112 to 16 elements a thread
+# whole rows (K of 4096 to 14336 in a Llama): a block holds its row in registers, so the row's amax needs no second
+# read (across warps it goes through shared memory); 4 to 32 warps hold a 14336-wide row at 112 to 16 elements a
+# thread, some of them padding past K
 @tilus.autotune("thread_rows", [1])
 @tilus.autotune("warps", [4, 8, 16, 32])
 class QuantizeRows(QuantizeGroups):

@@ -595,10 +595,10 @@ def quant_table(rows: list[dict]) -> str:
                      f"{1e3 * float(r['gemm_ms']):.1f} | {float(r['pct_of_gemm']):.1f}% |")
     first = rows[0]
     worst = max(float(r["x8_mismatch"]) for r in rows)
-    copy_tb_s = float(first["quant_tb_s"]) / (float(first["pct_of_bandwidth"]) / 100)
+    gib_copy_tb_s = float(first["quant_tb_s"]) / (float(first["pct_of_bandwidth"]) / 100)
     lines += ["", f"{first['gpu']}, {first['date']}, torch {first['torch']}: each launch alone, L2 flushed, median of "
               "the burst's runs. Bytes: the bf16 input read (2 an element), the e4m3 output (1) and the float32 scales "
-              f"written. Copy bandwidth: a 1-GiB device-to-device copy's in the same run, {copy_tb_s:.2f} TB/s (bytes "
+              f"written. Copy bandwidth: a 1-GiB device-to-device copy's in the same run, {gib_copy_tb_s:.2f} TB/s (bytes "
               "read and written); a copy of x, in the same burst, moves 4 bytes an element. Largest share of e4m3 "
               f"values unlike scaled.quantize's: {worst:.1e}; largest relative difference of a scale from its: "
               f"{max(float(r.get('scale_max_rel_diff') or 0) for r in rows):.1e}."]

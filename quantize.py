@@ -31,7 +31,7 @@ class QuantizeGroups(tilus.Script):
     ``row_stride`` and ``group_stride`` (M-major for v11: a group's scales contiguous).
 
     Each thread loads 8 consecutive elements at a time (16 bytes of a 16-bit x), consecutive
-    threads consecutive 8s: a warp's loads cover whole 128-byte lines. A block holds
+    threads consecutive 8s, so a warp's loads coalesce. A block holds
     ``thread_rows`` rows a thread, and ``group`` columns rounded up to what its threads cover.
     """
 
@@ -89,7 +89,7 @@ class QuantizeRows(QuantizeGroups):
 
 
 # schedules the tuner times back to back: a few microseconds a call and a space of 4 or 6 schedules, so two
-# finalists (1.2 s a bucket, against 2.3 s for a GEMM's five)
+# finalists (0.5 + 2 x 3 x 0.12 = 1.2 s of back-to-back windows a bucket, against 2.3 s for a GEMM's five)
 FINALISTS = 2
 _launchers: dict[tuple, object] = {}
 
@@ -101,9 +101,7 @@ def quantize(x: torch.Tensor, granularity: str, layout: str = "m4") -> tuple[tor
 
     The first call at a (granularity, dtype, K) and rows bucket builds and tunes the kernel, as a version's
     first call does (``support.dispatch``): never inside a CUDA graph capture."""
-    if granularity not in GROUPS:
-        raise ValueError(f"activations are quantized per token ('row') or per 1 x 128 block ('1x128'), got "
-                         f"{granularity!r}")
+    check_granularity(granularity)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if x.dim() != 2 or x.dtype not in DTYPES:
@@ -116,17 +114,28 @@ def quantize(x: torch.Tensor, granularity: str, layout: str = "m4") -> tuple[tor
     m, k = x.shape
     if not x.is_contiguous() or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)  # whole rows, 16-byte aligned: the vector loads need it
-    group = GROUPS[granularity] or k
-    groups = -(-k // group)
     x8 = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
-    if layout == "k":
-        scales = scale = torch.empty(m, groups, dtype=torch.float32, device=x.device)
-    else:  # groups x rows (padded), of which scale is the first m columns, transposed
-        scales = torch.empty(groups, m + (-m % 4 if layout == "m4" else 0), dtype=torch.float32, device=x.device)
-        scale = scales[:, :m].T
+    shape, (row_stride, group_stride), size = scale_layout(m, k, granularity, layout)
+    scales = torch.empty(size, dtype=torch.float32, device=x.device)
     if m:
-        launch(group, x, x8, scales, scale.stride(1), scale.stride(0))
-    return x8, scale
+        launch(GROUPS[granularity] or k, x, x8, scales, group_stride, row_stride)
+    return x8, scales.as_strided(shape, (row_stride, group_stride))
+
+
+def check_granularity(granularity: str) -> None:
+    if granularity not in GROUPS:
+        raise ValueError(f"activations are quantized per token ('row') or per 1 x 128 block ('1x128'), got "
+                         f"{granularity!r}")
+
+
+def scale_layout(rows, k, granularity: str, layout: str) -> tuple[tuple, tuple, int]:
+    """The scales' shape (rows x groups), their strides, and the elements of the buffer under them; ``rows`` may be
+    symbolic (the op's fake implementation)."""
+    groups = 1 if granularity == "row" else -(-k // GROUPS[granularity])
+    if layout == "k":
+        return (rows, groups), (groups, 1), rows * groups
+    padded = rows + (-rows % 4 if layout == "m4" else 0)  # a group's scales at rows 16-byte aligned ('m4')
+    return (rows, groups), (1, padded), groups * padded
 
 
 def launch(group: int, x: torch.Tensor, x8: torch.Tensor, scales: torch.Tensor, group_stride: int,
@@ -136,18 +145,14 @@ def launch(group: int, x: torch.Tensor, x8: torch.Tensor, scales: torch.Tensor, 
     m, k = x.shape
     index = x.device.index
     key = (group, x.dtype, index, dispatch.bucket(m), k, group_stride == 1)
-    func = _launchers.get(key)
-    if func is None:
+    launcher = _launchers.get(key)
+    if launcher is None:
         dispatch.refuse_capture(f"the activation quantizer's first call at {m}x{k}")
         script_cls = QuantizeBlocks if group == 128 else QuantizeRows
-        # the GEMMs' argument order (three sizes, three tensors, the rest), which the tuner's loops rotate
-        _launchers[key] = dispatch.build_tune_run(script_cls, dispatch.device(index),
-                                                  (m, k // VECTOR, group_stride, x, x8, scales, row_stride),
-                                                  size=f"{m}x{k}", finalist_count=FINALISTS, group=group,
-                                                  dtype=DTYPES[x.dtype])
-    elif not dispatch.current_raw_stream(index) and index == torch.cuda.current_device():
-        # addresses on the default stream: no tensor conversion
-        func(m, k // VECTOR, group_stride, x.data_ptr(), x8.data_ptr(), scales.data_ptr(), row_stride)
+        # the GEMMs' argument order (three sizes, three tensors, the rest), which the tuner and dispatch.run take
+        func = dispatch.build_tune_run(script_cls, dispatch.device(index),
+                                       (m, k // VECTOR, group_stride, x, x8, scales, row_stride),
+                                       size=f"{m}x{k}", finalist_count=FINALISTS, group=group, dtype=DTYPES[x.dtype])
+        _launchers[key] = (func, (row_stride,), (row_stride,))
     else:
-        with torch.cuda.device(index):  # tensors: tvm-ffi launches on torch's current stream
-            func(m, k // VECTOR, group_stride, x, x8, scales, row_stride)
+        dispatch.run(launcher, index, m, k // VECTOR, group_stride, x, x8, scales)

@@ -154,9 +154,8 @@ def quantize_op(x: torch.Tensor, granularity: str, layout: str) -> tuple[torch.T
 @quantize_op.register_fake
 def _(x, granularity, layout):
     rows, k = x.shape
-    groups = 1 if granularity == "row" else -(-k // scaled.BLOCK)
-    strides = (groups, 1) if layout == "k" else (1, rows + (-rows % 4 if layout == "m4" else 0))
-    return x.new_empty(rows, k, dtype=scaled.FP8), x.new_empty_strided((rows, groups), strides, dtype=torch.float32)
+    shape, strides, _ = quantize.scale_layout(rows, k, granularity, layout)
+    return x.new_empty(rows, k, dtype=scaled.FP8), x.new_empty_strided(shape, strides, dtype=torch.float32)
 
 
 def quantize_activations(x: torch.Tensor, granularity: str, layout: str = "m4") -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,9 +165,7 @@ def quantize_activations(x: torch.Tensor, granularity: str, layout: str = "m4") 
     On a GPU, quantize.py's kernel (one pass; inside torch.compile, through ``quantize_op``); on
     the CPU, ``quantize_rows``.
     """
-    if granularity not in ACTIVATION.values():
-        raise ValueError(f"activations are quantized per token ('row') or per 1 x 128 block ('1x128'), got "
-                         f"{granularity!r}")
+    quantize.check_granularity(granularity)
     if not x.is_cuda:
         return quantize_rows(x, granularity, layout)
     if torch.compiler.is_compiling() or is_fake(x):

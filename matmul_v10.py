@@ -457,6 +457,7 @@ quantize = scaled.quantize
 
 
 if __name__ == "__main__":
-    # a first run: per-tensor at a square, beside v9 in bf16, and at decode; --full times every scaling and size
+    # a first run: per-tensor at a square, beside cuBLAS in bf16, and at decode; --full times every scaling and
+    # size, and v9 in bf16
     sys.exit(scaled.main("v10", KERNELS, None, matmul, bf16="matmul_v9",
-                         default=[((4096, 4096, 4096), ("tensor", "bf16")), ((64, 14336, 4096), ("tensor",))]))
+                         default=[((4096, 4096, 4096), ("tensor", "cublas bf16")), ((64, 14336, 4096), ("tensor",))]))

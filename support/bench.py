@@ -192,29 +192,17 @@ def host_us(contenders: list[Contender], sets, gpu_ms: dict, rounds: int = 9) ->
     return {name: statistics.median(times) for name, times in samples.items()}
 
 
-def back_to_back_ms(call, sets, calls: int) -> float:
-    """GPU ms per call over ``calls`` calls queued back to back with no sync, rotating through ``sets``."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for i in range(calls):
-        a, b = sets[i % len(sets)]
-        call(a, b, None)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
-
-
 def time_back_to_back(contenders: list[Contender], sets, telemetry: dict, seed: int = 0) -> dict[str, list[list[float]]]:
     """Ms per call of each contender in each round (a one-window list), back to back, after WARM_UP_S of load.
 
     Each round gives every contender one window of about WINDOW_S, in a fresh random order.
     """
-    per_call = {c.name: back_to_back_ms(c.call, sets, 10) for c in contenders}  # also the first-window calibration
+    sets = [(a, b, None) for a, b in sets]  # each call's arguments: C is allocated by the call, as in a program
+    per_call = {c.name: measure.loop_ms(c.call, sets, 10) for c in contenders}  # also the first-window calibration
     deadline = time.perf_counter() + WARM_UP_S
     while time.perf_counter() < deadline:
         for c in contenders:
-            back_to_back_ms(c.call, sets, max(1, int(WARM_UP_S / 10 / len(contenders) / (per_call[c.name] * 1e-3))))
+            measure.loop_ms(c.call, sets, max(1, int(WARM_UP_S / 10 / len(contenders) / (per_call[c.name] * 1e-3))))
     samples = {c.name: [] for c in contenders}
     order, rng = list(contenders), random.Random(seed)
     for _ in range(ROUNDS):
@@ -222,7 +210,7 @@ def time_back_to_back(contenders: list[Contender], sets, telemetry: dict, seed: 
         for c in order:
             calls = min(100_000, max(10, int(WINDOW_S / (per_call[c.name] * 1e-3))))
             with telemetry[c.name].window():
-                samples[c.name].append([back_to_back_ms(c.call, sets, calls)])
+                samples[c.name].append([measure.loop_ms(c.call, sets, calls)])
             telemetry[c.name].calls += calls
     return samples
 

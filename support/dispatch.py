@@ -46,7 +46,7 @@ from support.bench import L2_ROTATION_BYTES
 from support.cache import use_cache
 from support.checks import check_inputs
 from support.gpu import gpu_arch, gpu_label
-from support.measure import time_samples, warm_up_gpu
+from support.measure import loop_ms, time_samples, warm_up_gpu
 
 TUNE_QUICK_RUNS = 12  # burst pass: every schedule, median of this many runs
 TUNE_FINALISTS = 5  # back-to-back pass: the fastest few of the burst pass
@@ -339,19 +339,6 @@ def loop_sets(launch_args: tuple) -> list[tuple]:
     except torch.OutOfMemoryError:
         pass
     return [(*launch_args[:3], *tensors, *launch_args[6:]) for tensors in sets]
-
-
-def loop_ms(func, arg_sets: list[tuple], calls: int) -> float:
-    """GPU ms per call of ``calls`` launches queued with no sync, rotating through ``arg_sets`` (``bench``'s
-    ``back_to_back_ms`` at the launch function)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for i in range(calls):
-        func(*arg_sets[i % len(arg_sets)])
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
 
 
 def calls_in(seconds: float, ms: float) -> int:

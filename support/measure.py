@@ -115,6 +115,19 @@ def time_samples(fn, repeat: int, flush: torch.Tensor) -> list[float]:
     return [start.elapsed_time(end) for start, end in zip(starts, ends)]
 
 
+def loop_ms(call, arg_sets: list[tuple], calls: int) -> float:
+    """GPU ms per call over ``calls`` calls queued back to back with no sync, ``call(*arg_sets[i % len(arg_sets)])``:
+    a program's loop (the benchmark's back-to-back regime, and the tuner's ranking of its finalists)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for i in range(calls):
+        call(*arg_sets[i % len(arg_sets)])
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
 BURST_ROUNDS = 5  # rounds of the burst timer; each contender times repeat / BURST_ROUNDS runs a round
 
 

@@ -197,12 +197,12 @@ def time_back_to_back(contenders: list[Contender], sets, telemetry: dict, seed: 
 
     Each round gives every contender one window of about WINDOW_S, in a fresh random order.
     """
-    sets = [(a, b, None) for a, b in sets]  # each call's arguments: C is allocated by the call, as in a program
-    per_call = {c.name: measure.loop_ms(c.call, sets, 10) for c in contenders}  # also the first-window calibration
+    arg_sets = [(a, b, None) for a, b in sets]  # each call's arguments: C is allocated by the call, as in a program
+    per_call = {c.name: measure.loop_ms(c.call, arg_sets, 10) for c in contenders}  # also the first-window calibration
     deadline = time.perf_counter() + WARM_UP_S
     while time.perf_counter() < deadline:
         for c in contenders:
-            measure.loop_ms(c.call, sets, max(1, int(WARM_UP_S / 10 / len(contenders) / (per_call[c.name] * 1e-3))))
+            measure.loop_ms(c.call, arg_sets, max(1, int(WARM_UP_S / 10 / len(contenders) / (per_call[c.name] * 1e-3))))
     samples = {c.name: [] for c in contenders}
     order, rng = list(contenders), random.Random(seed)
     for _ in range(ROUNDS):
@@ -210,7 +210,7 @@ def time_back_to_back(contenders: list[Contender], sets, telemetry: dict, seed: 
         for c in order:
             calls = min(100_000, max(10, int(WINDOW_S / (per_call[c.name] * 1e-3))))
             with telemetry[c.name].window():
-                samples[c.name].append([measure.loop_ms(c.call, sets, calls)])
+                samples[c.name].append([measure.loop_ms(c.call, arg_sets, calls)])
             telemetry[c.name].calls += calls
     return samples
 

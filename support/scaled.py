@@ -444,9 +444,10 @@ def benchmark(fp8: list[Fp8Kernel], bf16, plan, repeat: int, timeout_s: float, o
                     refs[f"triton fp8 {scaling} fast"] = ref
                     contenders.append(bench.Contender(f"triton fp8 {scaling} fast", lambda a, b, out, c=cached,
                                                       f=compiled: f(*c[id(a)])))
-        if "bf16" in groups or "cublas bf16" in groups:
+        with_version = bf16 and "bf16" in groups
+        if with_version or "cublas bf16" in groups:
             refs["cublas"] = a.float() @ b.float().T
-            if bf16 and "bf16" in groups:
+            if with_version:
                 refs[bf16[0]] = refs["cublas"]
                 contenders.append(bench.Contender(bf16[0], bf16[1]))
             contenders.append(bench.Contender("cublas", lambda a, b, out: torch.matmul(a, b.T)))
@@ -557,8 +558,7 @@ def check(version: str, kernels: list[Fp8Kernel], sizes, timeout_s: float) -> in
 
 
 # the groups --sizes and --full time at a size: each scaling, and bf16 (the 16-bit version and cuBLAS). A version's
-# default may name "cublas bf16" instead: cuBLAS alone, no 16-bit kernel to build and tune (v9's build and tuning
-# took 28 s of the 94 that v10's first run took on a fresh H100)
+# default may name "cublas bf16" instead: cuBLAS alone, with no 16-bit kernel to build and tune in a first run
 GROUPS = (*SCALINGS, "bf16")
 
 

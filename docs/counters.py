@@ -13,8 +13,14 @@ one launch of the tuned kernel under ``ncu`` (L2 flushed before it, ncu's defaul
 and, outside ncu, the run-to-run spread of the kernel's time: min / median / max of 30
 burst runs (CUDA events, L2 flushed before each run, in rounds, as support/measure.py times).
 
+For the newest 16-bit version (v9) and cuBLAS it also profiles the shapes where v9 trails
+(issue 48), with two counters more: the share of the kernel's time the SMs were active, and
+the bytes L2 moved. They tell where the time goes: a tile's tensor work, or SMs left idle.
+
     python docs/counters.py --run      on a Hopper GPU with ncu: writes results/<gpu>_counters.csv
                                        (about 3 minutes on a fresh H100, builds and tuning included)
+    python docs/counters.py --run --versions v9 cublas --sizes 3000x5000x2056 128x8192x8192 4096x4096x4096
+                                       the rows of the <!-- counters-limits --> table
     python docs/counters.py --table    anywhere: rewrites the <!-- counters --> table in docs/results.md
                                        and the <!-- counters-line --> line of each page docs/vN.md
 
@@ -46,6 +52,9 @@ BLOCK = re.compile(r"(<!-- counters (\S+) -->\n)(.*?)(<!-- /counters -->)", re.D
 LINE = re.compile(r"(<!-- counters-line (\S+) (v\d+) -->\n)(.*?)(<!-- /counters-line -->)", re.DOTALL)
 VERSIONS = ["v1", "v2", "v3", "v4", "v5", "v6", "v7"]
 SIZES = ["4096x4096x4096", "128x8192x8192"]
+# the second table: the newest 16-bit version beside cuBLAS ("cublas": torch.matmul's kernel)
+LIMITS = re.compile(r"(<!-- counters-limits (\S+) -->\n)(.*?)(<!-- /counters-limits -->)", re.DOTALL)
+LIMIT_VERSIONS = ["v9", "cublas"]
 RUNS = 30  # timed runs for the spread, in the rounds of support/measure.py's time_burst
 WARMUP_CALLS = 3  # calls in the profiled child before the one it profiles
 
@@ -66,6 +75,8 @@ METRICS = {  # CSV column -> ncu metric
     "kernel_ns": "gpu__time_duration.sum",
     "sm_hz": "sm__cycles_elapsed.avg.per_second",
     "grid": "launch__grid_size",
+    "sm_active_pct": "sm__cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "l2_bytes": "lts__t_bytes.sum",
 }
 # blocks per SM is the least of what registers, shared memory, warps and the block limit allow
 OCCUPANCY_LIMITS = ["launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem",
@@ -175,7 +186,9 @@ def pick_metrics(ncu: str) -> str:
 def profile(ncu: str, tensor_metric: str, version: str, size: str) -> dict:
     """ncu's metrics of one launch of a version's tuned kernel, in a child process (``--child``)."""
     metrics = [tensor_metric, *METRICS.values(), *OCCUPANCY_LIMITS]
-    args = ["--clock-control", "none", "--profile-from-start", "off", "--kernel-name", "regex:tilus",
+    # cuBLAS's Hopper kernels are named nvjet_... or ..._gemm_...
+    kernel = "regex:nvjet|gemm" if version == "cublas" else "regex:tilus"
+    args = ["--clock-control", "none", "--profile-from-start", "off", "--kernel-name", kernel,
             "--launch-count", "1", "--metrics", ",".join(metrics), "--csv", "--page", "raw", "--print-units", "base",
             sys.executable, str(Path(__file__).resolve()), "--child", version, size]
     result = ncu_run(ncu, args)
@@ -192,7 +205,7 @@ def child(version: str, size: str) -> None:
     import torch
 
     m, n, k = map(int, size.split("x"))
-    matmul = importlib.import_module(f"matmul_{version}").matmul
+    matmul = cublas if version == "cublas" else importlib.import_module(f"matmul_{version}").matmul
     a = torch.randn(m, k, device="cuda").half()
     b = torch.randn(n, k, device="cuda").half()
     out = torch.empty(m, n, device="cuda", dtype=torch.float16)
@@ -203,6 +216,13 @@ def child(version: str, size: str) -> None:
     matmul(a, b, out)
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
+
+
+def cublas(a, b, out):
+    """C = A @ B.T by cuBLAS (torch.matmul), as the versions' matmul() takes it."""
+    import torch
+
+    return torch.matmul(a, b.T, out=out)
 
 
 # --- the run on the GPU ---------------------------------------------------------------------------
@@ -218,26 +238,30 @@ def measure(version: str, size: str, ncu: str, tensor_metric: str) -> dict:
     from support.measure import burst_samples, random_inputs
 
     m, n, k = map(int, size.split("x"))
-    module = importlib.import_module(f"matmul_{version}")
+    matmul = cublas if version == "cublas" else importlib.import_module(f"matmul_{version}").matmul
     a, b, _ = random_inputs(m, n, k, seed=0)
     out = torch.empty(m, n, device="cuda", dtype=torch.float16)
-    module.matmul(a, b, out)  # builds (cached on disk) and tunes this size bucket
+    matmul(a, b, out)  # builds (cached on disk) and tunes this size bucket
     torch.cuda.synchronize()
-    schedule = chosen_schedule(module.KERNELS[gpu_arch()], m, n, k)
+    schedule = None if version == "cublas" else chosen_schedule(
+        importlib.import_module(f"matmul_{version}").KERNELS[gpu_arch()], m, n, k)
     # the burst regime of results/<gpu>.csv, timed as measure.time_burst times it: a few calls,
     # then rounds of runs, each round behind a GPU spin. One long batch right after a warm-up
     # under load ran slower at 4096^3 (the clock drops at the power limit).
-    samples = sorted(burst_samples({version: lambda: module.matmul(a, b, out)}, RUNS)[version])
+    samples = sorted(burst_samples({version: lambda: matmul(a, b, out)}, RUNS)[version])
 
     counters = profile(ncu, tensor_metric, version, size)
     blocks_per_sm = int(min(counters[name] for name in OCCUPANCY_LIMITS))
     in_flight = min(int(counters["launch__grid_size"]), torch.cuda.get_device_properties(0).multi_processor_count
                     * blocks_per_sm)
+    # the traffic model knows the versions' tile orders, not cuBLAS's
+    model = "" if schedule is None else model_read_bytes(version, schedule, m, n, k, in_flight)
     return {
         "gpu": torch.cuda.get_device_name(), "version": version, "dtype": "fp16", "m": m, "n": n, "k": k,
-        "config": format_schedule(schedule), "tensor_pipe_pct": f"{counters[tensor_metric]:.4g}",
+        "config": counters["Kernel Name"] if schedule is None else format_schedule(schedule),
+        "tensor_pipe_pct": f"{counters[tensor_metric]:.4g}",
         **{column: f"{counters[metric]:.6g}" for column, metric in METRICS.items()},
-        "blocks_per_sm": blocks_per_sm, "model_read_bytes": model_read_bytes(version, schedule, m, n, k, in_flight),
+        "blocks_per_sm": blocks_per_sm, "model_read_bytes": model,
         "ms_min": f"{samples[0]:.5g}", "ms_median": f"{statistics.median(samples):.5g}", "ms_max": f"{samples[-1]:.5g}",
         "runs": RUNS, "tensor_metric": tensor_metric, "tilus": tilus.__version__, "torch": torch.__version__,
         "date": datetime.date.today().isoformat(),
@@ -290,7 +314,8 @@ def _mib(value: str) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """The markdown table of the counters, shapes in the order first seen, versions in order."""
+    """The markdown table of the counters of v1 to v7, shapes in the order first seen, versions in order."""
+    rows = [r for r in rows if r["version"] in VERSIONS]
     shapes = list(dict.fromkeys((int(r["m"]), int(r["n"]), int(r["k"])) for r in rows))
     ordered = sorted(rows, key=lambda r: (shapes.index((int(r["m"]), int(r["n"]), int(r["k"]))), r["version"]))
     lines = ["| version | shape | schedule | tensor pipe % | DRAM read MiB (model) | DRAM written MiB "
@@ -315,6 +340,44 @@ def table(rows: list[dict]) -> str:
               "before each run). "
               f"Measured {', '.join(dates)} with tilus {first['tilus']}, torch {first['torch']}; "
               "written by `python docs/counters.py --table` from the CSV of `python docs/counters.py --run`."]
+    return "\n".join(lines) + "\n"
+
+
+def tiles(row: dict) -> str:
+    """A version's tiles of C and how many each launched CTA takes (waves): '-' for cuBLAS (its tiles are its own)."""
+    if row["version"] == "cublas":
+        return "-"
+    schedule = dict(item.split("=") for item in row["config"].split())
+    m, n = int(row["m"]), int(row["n"])
+    if schedule.get("swap_ab") == "True":  # the kernel's M is the caller's N
+        m, n = n, m
+    count = -(-m // int(schedule["block_m"])) * -(-n // int(schedule["block_n"]))
+    return f"{count} ({count / float(row['grid']):.2f})"
+
+
+def limits_table(rows: list[dict]) -> str:
+    """v9 beside cuBLAS, shape by shape (in the order first seen): where the time goes."""
+    rows = [r for r in rows if r["version"] in LIMIT_VERSIONS]
+    shapes = list(dict.fromkeys((int(r["m"]), int(r["n"]), int(r["k"])) for r in rows))
+    ordered = sorted(rows, key=lambda r: (shapes.index((int(r["m"]), int(r["n"]), int(r["k"]))),
+                                          LIMIT_VERSIONS.index(r["version"])))
+    lines = ["| shape | version | kernel | tiles (a CTA's) | µs under ncu | SMs active % of the time "
+             "| tensor pipe % of active cycles | tensor pipe % of the time | L2 MiB moved | DRAM read MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in ordered:
+        active, tensor = float(r["sm_active_pct"]), float(r["tensor_pipe_pct"])
+        lines.append(
+            f"| {r['m']}x{r['n']}x{r['k']} | {r['version']} | `{r['config']}` | {tiles(r)} "
+            f"| {float(r['kernel_ns']) / 1e3:.1f} | {active:.1f} | {tensor:.1f} | {active * tensor / 100:.1f} "
+            f"| {_mib(r['l2_bytes'])} | {_mib(r['dram_read_bytes'])} |")
+    first = rows[0]
+    dates = sorted({r["date"] for r in rows})
+    lines += ["", f"{first['gpu']}, fp16. One launch of each kernel under Nsight Compute (`--clock-control none`, "
+              "L2 flushed before it); v9 tuned as its first call tunes. SMs active: "
+              f"`{METRICS['sm_active_pct']}`; tensor pipe: `{first['tensor_metric']}`; their product is the share "
+              f"of the kernel's time the tensor pipe was busy. L2 moved: `{METRICS['l2_bytes']}`. A CTA's tiles: "
+              "tiles of C over the CTAs launched (one an SM). Measured {', '.join(dates)} with tilus {first['tilus']}, "
+              f"torch {first['torch']}; written by `python docs/counters.py --table`."]
     return "\n".join(lines) + "\n"
 
 
@@ -427,6 +490,14 @@ def update_page(page: Path = PAGE, csv_path: Path | None = None) -> int:
             print(f"{path} has no rows", file=sys.stderr)
             return 1
         text = text.replace(match.group(0), match.group(1) + table(rows) + match.group(4))
+    for match in LIMITS.finditer(text):
+        path = existing_csv(match.group(2), csv_path)
+        rows = [] if path is None else [r for r in read_rows(path) if r["version"] in LIMIT_VERSIONS]
+        if not rows:
+            print(f"{path}: no rows of {' or '.join(LIMIT_VERSIONS)} for the counters-limits table: run "
+                  f"python docs/counters.py --run --versions {' '.join(LIMIT_VERSIONS)} --sizes ...", file=sys.stderr)
+            return 1
+        text = text.replace(match.group(0), match.group(1) + limits_table(rows) + match.group(4))
     page.write_text(text)
     print(f"updated the counters table in {page}")
     return 0
@@ -441,7 +512,7 @@ def main(argv=None) -> int:
     mode.add_argument("--child", nargs=2, metavar=("VERSION", "SIZE"), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help="the CSV (default: results/<gpu>_counters.csv)")
     parser.add_argument("--sizes", nargs="+", default=SIZES, metavar="MxNxK")
-    parser.add_argument("--versions", nargs="+", default=VERSIONS, choices=VERSIONS)
+    parser.add_argument("--versions", nargs="+", default=VERSIONS, choices=VERSIONS + LIMIT_VERSIONS)
     args = parser.parse_args(argv)
     if args.child:
         child(*args.child)

@@ -156,6 +156,63 @@ def test_results_page_has_the_counters_table_its_csv_writes():
     assert blocks[0][2] == counters.table(rows), "run python docs/counters.py --table"
 
 
+# --- v9 beside cuBLAS -------------------------------------------------------------------------------
+
+def _limit_rows() -> list[dict]:
+    common = {"n": 5000, "k": 2056, "grid": "132", "sm_active_pct": "80", "tensor_pipe_pct": "75",
+              "l2_bytes": str(700 * MiB)}
+    return [_row("v9", 3000, config="block_m=128 block_n=256 block_k=64 stages=4 cluster_m=2 swap_ab=False",
+                 **common),
+            _row("cublas", 3000, config="nvjet_sm90_tst_152x256_64x4_1x2_h_bz_coopA_TNN", model_read_bytes="",
+                 **common | {"sm_active_pct": "95"}),
+            _row("v4", 4096)]
+
+
+def test_limits_table_v9_beside_cublas(tmp_path):
+    csv_path = tmp_path / "h100_counters.csv"
+    _write_csv(csv_path, _limit_rows())
+    page = tmp_path / "results.md"
+    page.write_text("<!-- counters h100 -->\n<!-- /counters -->\n"
+                    "<!-- counters-limits h100 -->\nNot measured yet.\n<!-- /counters-limits -->\n")
+    assert counters.update_page(page, csv_path) == 0
+    text = page.read_text()
+    limits = text[text.index("<!-- counters-limits"):]
+    rows = [line for line in limits.splitlines() if line.startswith("| 3000x")]
+    # 24 x 20 = 480 tiles of 128 x 256 over 132 CTAs; the tensor pipe's share of the time is 80% x 75% = 60%
+    assert rows == [
+        "| 3000x5000x2056 | v9 | `block_m=128 block_n=256 block_k=64 stages=4 cluster_m=2 swap_ab=False` "
+        "| 480 (3.64) | 188.2 | 80.0 | 75.0 | 60.0 | 700 | 150 |",
+        "| 3000x5000x2056 | cublas | `nvjet_sm90_tst_152x256_64x4_1x2_h_bz_coopA_TNN` | - | 188.2 | 95.0 | 75.0 "
+        "| 71.2 | 700 | 150 |",
+    ]
+    counters_block = text[:text.index("<!-- counters-limits")]
+    assert "| v4 |" in counters_block and "cublas" not in counters_block and "| v9 |" not in counters_block
+
+
+def test_limits_table_swapped_tiles_count_the_callers_n_as_m():
+    row = _row("v9", 16, n=4096, config="block_m=128 block_n=16 swap_ab=True", grid="132")
+    assert counters.tiles(row) == "32 (0.24)"  # 4096 / 128 weight rows x 1 tile of 16 tokens
+
+
+def test_limits_table_without_its_rows_fails_loudly(tmp_path, capsys):
+    csv_path = tmp_path / "h100_counters.csv"
+    _write_csv(csv_path, [_row("v4", 4096)])
+    page = tmp_path / "results.md"
+    original = ("<!-- counters h100 -->\n<!-- /counters -->\n"
+                "<!-- counters-limits h100 -->\nNot measured yet.\n<!-- /counters-limits -->\n")
+    page.write_text(original)
+    assert counters.update_page(page, csv_path) == 1
+    assert "--versions v9 cublas" in capsys.readouterr().err
+    assert page.read_text() == original
+
+
+def test_results_page_has_the_limits_table_its_csv_writes():
+    blocks = counters.LIMITS.findall(counters.PAGE.read_text())
+    assert [gpu for _, gpu, _, _ in blocks] == ["h100"]
+    rows = counters.read_rows(counters.REPO / "results" / "h100_counters.csv")
+    assert blocks[0][2] == counters.limits_table(rows), "run python docs/counters.py --table"
+
+
 # --- the counters line on each version's page -------------------------------------------------------
 
 def _versions_at_4096(**per_version) -> list[dict]:

@@ -313,11 +313,17 @@ def _mib(value: str) -> str:
     return f"{float(value) / 2**20:.0f}"
 
 
+def in_order(rows: list[dict], versions: list[str]) -> list[dict]:
+    """The rows of ``versions``, shapes in the order first seen, and in each shape the versions in their order."""
+    rows = [r for r in rows if r["version"] in versions]
+    shapes = list(dict.fromkeys((int(r["m"]), int(r["n"]), int(r["k"])) for r in rows))
+    return sorted(rows, key=lambda r: (shapes.index((int(r["m"]), int(r["n"]), int(r["k"]))),
+                                       versions.index(r["version"])))
+
+
 def table(rows: list[dict]) -> str:
     """The markdown table of the counters of v1 to v7, shapes in the order first seen, versions in order."""
-    rows = [r for r in rows if r["version"] in VERSIONS]
-    shapes = list(dict.fromkeys((int(r["m"]), int(r["n"]), int(r["k"])) for r in rows))
-    ordered = sorted(rows, key=lambda r: (shapes.index((int(r["m"]), int(r["n"]), int(r["k"]))), r["version"]))
+    ordered = in_order(rows, VERSIONS)
     lines = ["| version | shape | schedule | tensor pipe % | DRAM read MiB (model) | DRAM written MiB "
              "| smem bank conflicts (store / load) | achieved occupancy % | ms min / median / max |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -328,8 +334,8 @@ def table(rows: list[dict]) -> str:
             f"| {float(r['smem_conflicts_st']):.0f} / {float(r['smem_conflicts_ld']):.0f} "
             f"| {float(r['occupancy_pct']):.1f} "
             f"| {float(r['ms_min']):.4f} / {float(r['ms_median']):.4f} / {float(r['ms_max']):.4f} |")
-    first = rows[0]
-    dates = sorted({r["date"] for r in rows})
+    first = ordered[0]
+    dates = sorted({r["date"] for r in ordered})
     lines += ["", f"{first['gpu']}, fp16. One launch of each version's tuned kernel under Nsight Compute "
               f"(`--clock-control none`, L2 flushed before it). Tensor pipe % is `{first['tensor_metric']}`. "
               "The model is docs/v4.md's traffic model: each wave of blocks in flight reads the A and B tiles it "
@@ -357,10 +363,7 @@ def tiles(row: dict) -> str:
 
 def limits_table(rows: list[dict]) -> str:
     """v9 beside cuBLAS, shape by shape (in the order first seen): where the time goes."""
-    rows = [r for r in rows if r["version"] in LIMIT_VERSIONS]
-    shapes = list(dict.fromkeys((int(r["m"]), int(r["n"]), int(r["k"])) for r in rows))
-    ordered = sorted(rows, key=lambda r: (shapes.index((int(r["m"]), int(r["n"]), int(r["k"]))),
-                                          LIMIT_VERSIONS.index(r["version"])))
+    ordered = in_order(rows, LIMIT_VERSIONS)
     lines = ["| shape | version | kernel | tiles (a CTA's) | µs under ncu | SMs active % of the time "
              "| tensor pipe % of active cycles | tensor pipe % of the time | L2 MiB moved | DRAM read MiB |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -370,8 +373,8 @@ def limits_table(rows: list[dict]) -> str:
             f"| {r['m']}x{r['n']}x{r['k']} | {r['version']} | `{r['config']}` | {tiles(r)} "
             f"| {float(r['kernel_ns']) / 1e3:.1f} | {active:.1f} | {tensor:.1f} | {active * tensor / 100:.1f} "
             f"| {_mib(r['l2_bytes'])} | {_mib(r['dram_read_bytes'])} |")
-    first = rows[0]
-    dates = sorted({r["date"] for r in rows})
+    first = ordered[0]
+    dates = sorted({r["date"] for r in ordered})
     lines += ["", f"{first['gpu']}, fp16. One launch of each kernel under Nsight Compute (`--clock-control none`, "
               "L2 flushed before it); v9 tuned as its first call tunes. SMs active: "
               f"`{METRICS['sm_active_pct']}`; tensor pipe: `{first['tensor_metric']}`; their product is the share "

@@ -30,13 +30,13 @@ from schedulers import MAX_SHARERS, StreamKTileScheduler, launch_blocks
 BOX_K = 64
 
 # v8's tiles, and four for decode (swap_ab): 128 or 64 weight rows by 16 or 64 tokens, K
-# blocks of 128 columns (two TMA boxes), and as many stages as shared memory holds: 128 x 16 in
-# 6 x (32 + 4) = 216 KiB, 128 x 64 in 4 x (32 + 16) = 192 KiB, 64 x 16 in 10 x (16 + 4) =
-# 200 KiB, 64 x 64 in 6 x (16 + 16) = 192 KiB. 64-row tiles have one consumer warpgroup: at
+# blocks of 128 columns (two TMA boxes), and deep rings: 128 x 16 in 6 x (32 + 4) = 216 KiB,
+# 128 x 64 in 4 x (32 + 16) = 192 KiB, 64 x 16 in 10 x (16 + 4) = 200 KiB (an eleventh would
+# fit; not tried), 64 x 64 in 6 x (16 + 16) = 192 KiB. 64-row tiles have one consumer warpgroup: at
 # N = 4096 they make 64 tiles where 128 rows make 32, so stream-K spreads the weights over 128
 # SMs, not 64. Last, cuBLAS's tile at M = 128: 64 x 128 in clusters of two sharing B's tile, 8 stages of
-# 24 KiB. At 128 x 8192 x 8192, L2 then serves B's 128 MiB once and 1 MiB of A a CTA (256 MiB), where
-# 128 x 64 tiles read all 2 MiB of A each (384 MiB).
+# 24 KiB. At 128 x 8192 x 8192, L2 then serves B's 128 MiB once plus 1 MiB of A to each of 128 CTAs
+# (256 MiB); 128 x 64 tiles take B once plus all 2 MiB of A to each of 128 CTAs (384 MiB).
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
     [128, 256, 64, 4, 1, False, False], [128, 256, 64, 4, 2, False, False],
     [128, 256, 64, 4, 2, False, True],

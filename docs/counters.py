@@ -379,7 +379,8 @@ def limits_table(rows: list[dict]) -> str:
               "L2 flushed before it); v9 tuned as its first call tunes. SMs active: "
               f"`{METRICS['sm_active_pct']}`; tensor pipe: `{first['tensor_metric']}`; their product is the share "
               f"of the kernel's time the tensor pipe was busy. L2 moved: `{METRICS['l2_bytes']}`. A CTA's tiles: "
-              "tiles of C over the CTAs launched (one an SM). Measured {', '.join(dates)} with tilus {first['tilus']}, "
+              "tiles of C over the CTAs launched (one an SM; cuBLAS's own tiles are not counted). "
+              f"Measured {', '.join(dates)} with tilus {first['tilus']}, "
               f"torch {first['torch']}; written by `python docs/counters.py --table`."]
     return "\n".join(lines) + "\n"
 

@@ -185,6 +185,7 @@ def test_limits_table_v9_beside_cublas(tmp_path):
         "| 3000x5000x2056 | cublas | `nvjet_sm90_tst_152x256_64x4_1x2_h_bz_coopA_TNN` | - | 188.2 | 95.0 | 75.0 "
         "| 71.2 | 700 | 150 |",
     ]
+    assert "Measured 2026-11-24 with tilus 0.2.0, torch 2.11.0+cu130" in limits
     counters_block = text[:text.index("<!-- counters-limits")]
     assert "| v4 |" in counters_block and "cublas" not in counters_block and "| v9 |" not in counters_block
 

@@ -200,12 +200,10 @@ def profile(ncu: str, tensor_metric: str, version: str, size: str) -> dict:
 
 def child(version: str, size: str) -> None:
     """Under ncu: load the tuned kernel (built and tuned by the parent), warm up, profile one launch."""
-    import importlib
-
     import torch
 
     m, n, k = map(int, size.split("x"))
-    matmul = cublas if version == "cublas" else importlib.import_module(f"matmul_{version}").matmul
+    matmul = matmul_of(version)
     a = torch.randn(m, k, device="cuda").half()
     b = torch.randn(n, k, device="cuda").half()
     out = torch.empty(m, n, device="cuda", dtype=torch.float16)
@@ -225,11 +223,21 @@ def cublas(a, b, out):
     return torch.matmul(a, b.T, out=out)
 
 
+def module_of(version: str):
+    """A version's module; None for cuBLAS."""
+    import importlib
+
+    return None if version == "cublas" else importlib.import_module(f"matmul_{version}")
+
+
+def matmul_of(version: str):
+    module = module_of(version)
+    return cublas if module is None else module.matmul
+
+
 # --- the run on the GPU ---------------------------------------------------------------------------
 
 def measure(version: str, size: str, ncu: str, tensor_metric: str) -> dict:
-    import importlib
-
     import tilus
     import torch
 
@@ -238,13 +246,13 @@ def measure(version: str, size: str, ncu: str, tensor_metric: str) -> dict:
     from support.measure import burst_samples, random_inputs
 
     m, n, k = map(int, size.split("x"))
-    matmul = cublas if version == "cublas" else importlib.import_module(f"matmul_{version}").matmul
+    module = module_of(version)
+    matmul = matmul_of(version)
     a, b, _ = random_inputs(m, n, k, seed=0)
     out = torch.empty(m, n, device="cuda", dtype=torch.float16)
     matmul(a, b, out)  # builds (cached on disk) and tunes this size bucket
     torch.cuda.synchronize()
-    schedule = None if version == "cublas" else chosen_schedule(
-        importlib.import_module(f"matmul_{version}").KERNELS[gpu_arch()], m, n, k)
+    schedule = None if module is None else chosen_schedule(module.KERNELS[gpu_arch()], m, n, k)
     # the burst regime of results/<gpu>.csv, timed as measure.time_burst times it: a few calls,
     # then rounds of runs, each round behind a GPU spin. One long batch right after a warm-up
     # under load ran slower at 4096^3 (the clock drops at the power limit).
@@ -496,8 +504,10 @@ def update_page(page: Path = PAGE, csv_path: Path | None = None) -> int:
         text = text.replace(match.group(0), match.group(1) + table(rows) + match.group(4))
     for match in LIMITS.finditer(text):
         path = existing_csv(match.group(2), csv_path)
-        rows = [] if path is None else [r for r in read_rows(path) if r["version"] in LIMIT_VERSIONS]
-        if not rows:
+        if path is None:
+            return 1
+        rows = read_rows(path)
+        if not in_order(rows, LIMIT_VERSIONS):
             print(f"{path}: no rows of {' or '.join(LIMIT_VERSIONS)} for the counters-limits table: run "
                   f"python docs/counters.py --run --versions {' '.join(LIMIT_VERSIONS)} --sizes ...", file=sys.stderr)
             return 1

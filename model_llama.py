@@ -43,7 +43,7 @@ import time
 
 import torch
 
-from support import bench, cli, fp8_torch, gpu, measure, scaled, torch_op
+from support import bench, cli, fp8_torch, gpu, measure, provenance, scaled, torch_op
 
 CONFIG = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
               vocab_size=32768, max_position_embeddings=4096, rope_theta=500000.0)
@@ -273,9 +273,10 @@ def main(argv=None) -> int:
     if args.quant:
         if not fp8_torch.is_fp8(args.version):
             parser.error(f"--quant times the fp8 activation quantizer: pass an fp8 --version, not {args.version}")
-        save(time_quantizer(args.version, args.scaling, args.repeat),
-             args.out or cli.RESULTS_DIR / f"{gpu.gpu_label()}_quant.csv", QUANT_FIELDS,
+        path = args.out or cli.RESULTS_DIR / f"{gpu.gpu_label()}_quant.csv"
+        save(time_quantizer(args.version, args.scaling, args.repeat), path, QUANT_FIELDS,
              ("version", "scaling", "m", "n", "k"))
+        provenance.record(args.version, provenance.hashes(f"matmul_{args.version}"), files=[path])
         return 0
     import transformers
 
@@ -339,6 +340,8 @@ def main(argv=None) -> int:
                       f"{rows[-1]['pct_of_cublas']}% of cuBLAS  GEMM share {share or '-'}", flush=True)
             del calls
             save(rows, path)  # after every scenario, so a run cut short keeps what it measured
+    # the programs these rows were measured with (support/provenance.py)
+    provenance.record(args.version, provenance.hashes(f"matmul_{args.version}"), files=[path])
     return 0
 
 

@@ -1015,7 +1015,7 @@ def benchmark(sizes: list[str], peer: bool, dtype: str = "fp16", names: list[str
                          peers=[peer_contender] if peer else [],
                          on_size=lambda size_rows: cli.print_rows(size_rows) or cli.save_rows(size_rows, path))
     for name in versions:  # the programs these rows were measured with (support/provenance.py)
-        provenance.record(name, provenance.hashes(f"matmul_{name}"))
+        provenance.record(name, provenance.hashes(f"matmul_{name}"), files=[path])
     wrong = sorted({f"{r['version']} at {_size(r)}" for r in rows if not cli.row_passes(r)})
     if wrong:
         raise SystemExit(f"not plotted: wrong results from {', '.join(wrong)}")
@@ -1033,11 +1033,13 @@ def relabel(pairs: list[str], commit: str, files: list[Path] | None = None) -> i
             differ = sorted(set(before) ^ set(after) | {s for s in before if before[s] != after.get(s)})
             print(f"{old} at {commit} and {new} are not the same kernels: {differ[:3]}", file=sys.stderr)
             return 1
+    relabelled = []
     for path in [p.resolve() for p in files] if files else sorted(cli.RESULTS_DIR.glob("*.csv")):
         rows = cli.read_csv(path)
         column = "backend" if rows and "backend" in rows[0] else "version"
         if not any(row[column] in renames for row in rows):
             continue
+        relabelled.append(path)
         for row in rows:
             row[column] = renames.get(row[column], row[column])
         with path.open("w", newline="") as f:
@@ -1046,7 +1048,7 @@ def relabel(pairs: list[str], commit: str, files: list[Path] | None = None) -> i
             writer.writerows(rows)
         print(f"relabelled {', '.join(f'{a} -> {b}' for a, b in renames.items())} in {path.relative_to(REPO)}")
     for old, new in renames.items():
-        provenance.record(new, provenance.hashes(f"matmul_{new}"), measured_as=old, commit=commit)
+        provenance.record(new, provenance.hashes(f"matmul_{new}"), measured_as=old, commit=commit, files=relabelled)
     return 0
 
 

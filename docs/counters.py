@@ -291,6 +291,7 @@ def save(rows: list[dict], path: Path) -> None:
 
 
 def run(versions: list[str], sizes: list[str], out: Path | None) -> int:
+    from support import provenance
     from support.gpu import UnsupportedGPUError, gpu_arch, gpu_label
 
     try:
@@ -306,6 +307,9 @@ def run(versions: list[str], sizes: list[str], out: Path | None) -> int:
             print(f"{version} at {size}: tune (cached after the first time), time {RUNS} runs, profile one under ncu",
                   flush=True)
             save([measure(version, size, ncu, tensor_metric)], out)
+    for version in versions:  # the programs these rows were measured with (support/provenance.py)
+        if version != "cublas":
+            provenance.record(version, provenance.hashes(f"matmul_{version}"), files=[out])
     print(f"wrote {out}")
     return 0
 

@@ -16,8 +16,12 @@ build to build.
   is the same, and records them.
 - tests/test_provenance.py checks that every version's recorded hashes are those of the code
   on disk: a kernel changed since its rows were measured fails until it is measured again.
+  Each record also names the results files measured on those programs (``files``: a digest
+  of the programs per file). A kernel changed and measured again into some files leaves the
+  others with the old digest, and the test names them: their rows are the old kernels'.
 """
 
+import csv
 import hashlib
 import json
 import re
@@ -26,9 +30,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from support.versions import REPO
+from support.versions import REPO, lesson
 
-PATH = REPO / "results" / "provenance.json"
+RESULTS_DIR = REPO / "results"
+PATH = RESULTS_DIR / "provenance.json"
 # the constructor arguments that are not the schedule's: the element types
 NOT_SCHEDULE = ("dtype", "out_dtype")
 
@@ -78,16 +83,33 @@ def read() -> dict:
     return json.loads(PATH.read_text()) if PATH.exists() else {}
 
 
-def record(version: str, found: dict[str, str], measured_as: str | None = None, commit: str | None = None) -> None:
+def digest(programs: dict[str, str]) -> str:
+    """One hash of a version's programs, every schedule's: what a results file's rows of it were measured on."""
+    return hashlib.sha256(json.dumps(dict(sorted(programs.items()))).encode()).hexdigest()[:16]
+
+
+def versions_in(path: Path) -> set[str]:
+    """The lesson versions with rows in a results CSV (fp8 rows as 'v10 tensor', model rows by backend)."""
+    names = {name.removeprefix("matmul_") for name in lesson()}
+    with path.open() as f:
+        return {name for row in csv.DictReader(f)
+                if (name := (row.get("version") or row.get("backend") or "").split(" ")[0]) in names}
+
+
+def record(version: str, found: dict[str, str], measured_as: str | None = None, commit: str | None = None,
+           files=()) -> None:
     """Write a version's hashes; for relabelled rows, also the name and the commit(s) they were measured under,
-    kept while the programs stay the same."""
+    kept while the programs stay the same. ``files``: the CSVs whose rows of the version these programs just
+    measured (those outside results/ are not recorded); other files keep the digest they were measured on."""
     entries = read()
     earlier = entries.get(version, {})
-    same = earlier.get("programs") == dict(sorted(found.items()))
+    programs = dict(sorted(found.items()))
+    same = earlier.get("programs") == programs
     names = [*(earlier.get("measured_as", []) if same else []), measured_as or version]
     commits = [*(earlier.get("commits", []) if same else []), *([commit] if commit else [])]
+    measured = {path.name: digest(programs) for path in map(Path, files) if path.resolve().parent == RESULTS_DIR}
     entries[version] = {"measured_as": sorted(set(names)), **({"commits": sorted(set(commits))} if commits else {}),
-                        "programs": dict(sorted(found.items()))}
+                        "programs": programs, "files": dict(sorted({**earlier.get("files", {}), **measured}.items()))}
     PATH.write_text(json.dumps(dict(sorted(entries.items(), key=lambda item: int(item[0][1:]))), indent=1) + "\n")
 
 

@@ -638,12 +638,12 @@ def main(version: str, kernels: dict, blockwise_kernels: dict | None, matmul, ar
                      on_size=lambda size_rows: save_rows(size_rows, path), peer=args.peer)
     from support import provenance
 
-    # the fp8 programs these rows were measured with; not the bf16 version's, whose record covers its rows in
-    # results/<gpu>.csv too, measured by plot.py
+    # the programs these rows were measured with, the bf16 version's too: a version changed since its rows in
+    # another file were measured leaves that file with the old programs' digest (support/provenance.py)
     timed_versions = {r["version"].split()[0] for r in rows}
-    for name in [version, *([beside.removeprefix("matmul_")] if beside else [])]:
+    for name in [version, *(m.removeprefix("matmul_") for m in (beside, bf16) if m)]:
         if name in timed_versions:
-            provenance.record(name, provenance.hashes(f"matmul_{name}"))
+            provenance.record(name, provenance.hashes(f"matmul_{name}"), files=[path])
     print(text_table(["size", "regime", "contender", "ms", "TFLOPS", "versus", "% of versus (its ms / this ms)",
                       "spread (points)", "% of copy BW", "rel. error", "schedule"],
                      [["x".join(str(r[d]) for d in "mnk"), r.get("regime", "-"), r["version"], r.get("ms", "-"),

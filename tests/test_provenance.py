@@ -1,7 +1,5 @@
 """CPU (CI): every version's rows in results/ were measured on the kernels on disk (support/provenance.py)."""
 
-import csv
-
 import pytest
 
 from support import cli, provenance, versions
@@ -9,22 +7,32 @@ from support import cli, provenance, versions
 RECORDED = provenance.read()
 
 
-def measured_versions() -> set[str]:
-    """The lesson versions with rows in any results CSV (fp8 rows as 'v10 tensor', model rows by backend)."""
-    lesson = {name.removeprefix("matmul_") for name in versions.lesson()}
-    found = set()
-    for path in cli.RESULTS_DIR.glob("*.csv"):
-        with path.open() as f:
-            for row in csv.DictReader(f):
-                name = (row.get("version") or row.get("backend") or "").split(" ")[0]
-                if name in lesson:
-                    found.add(name)
-    return found
+RESULTS = sorted(cli.RESULTS_DIR.glob("*.csv"))
 
 
 def test_every_measured_version_has_its_programs_recorded():
-    missing = measured_versions() - set(RECORDED)
+    missing = set().union(*map(provenance.versions_in, RESULTS)) - set(RECORDED)
     assert not missing, f"rows of {sorted(missing)} with no record of the code that measured them"
+
+
+@pytest.mark.parametrize("path", RESULTS, ids=lambda path: path.name)
+def test_each_file_was_measured_on_the_recorded_programs(path):
+    # a kernel changed and measured again into some files, not this one: its rows of it are the old kernel's
+    stale = sorted(version for version in provenance.versions_in(path)
+                   if RECORDED.get(version, {}).get("files", {}).get(path.name)
+                   != provenance.digest(RECORDED.get(version, {}).get("programs", {})))
+    assert not stale, (f"results/{path.name}: the rows of {stale} were not measured on their recorded programs "
+                       "(measure them again into this file)")
+
+
+def test_a_file_not_measured_again_keeps_the_old_digest(tmp_path, monkeypatch):
+    monkeypatch.setattr(provenance, "PATH", tmp_path / "provenance.json")
+    provenance.PATH.write_text("{}")
+    one, two = cli.RESULTS_DIR / "one.csv", cli.RESULTS_DIR / "two.csv"
+    provenance.record("v9", {"a": "1"}, files=[one, two, tmp_path / "elsewhere.csv"])
+    provenance.record("v9", {"a": "2"}, files=[one])
+    files = provenance.read()["v9"]["files"]
+    assert files == {"one.csv": provenance.digest({"a": "2"}), "two.csv": provenance.digest({"a": "1"})}
 
 
 @pytest.mark.parametrize("version", sorted(RECORDED, key=versions.number))

@@ -333,6 +333,13 @@ def in_order(rows: list[dict], versions: list[str]) -> list[dict]:
                                        versions.index(r["version"])))
 
 
+def measured(rows: list[dict]) -> str:
+    """A table footer's last sentence: the rows' dates and versions, and the command that wrote the table."""
+    dates = ", ".join(sorted({r["date"] for r in rows}))
+    return (f"Measured {dates} with tilus {rows[0]['tilus']}, torch {rows[0]['torch']}; "
+            "written by `python docs/counters.py --table`")
+
+
 def table(rows: list[dict]) -> str:
     """The markdown table of the counters of v1 to v7, shapes in the order first seen, versions in order."""
     ordered = in_order(rows, VERSIONS)
@@ -347,7 +354,6 @@ def table(rows: list[dict]) -> str:
             f"| {float(r['occupancy_pct']):.1f} "
             f"| {float(r['ms_min']):.4f} / {float(r['ms_median']):.4f} / {float(r['ms_max']):.4f} |")
     first = ordered[0]
-    dates = sorted({r["date"] for r in ordered})
     lines += ["", f"{first['gpu']}, fp16. One launch of each version's tuned kernel under Nsight Compute "
               f"(`--clock-control none`, L2 flushed before it). Tensor pipe % is `{first['tensor_metric']}`. "
               "The model is docs/v4.md's traffic model: each wave of blocks in flight reads the A and B tiles it "
@@ -356,8 +362,7 @@ def table(rows: list[dict]) -> str:
               "written leaves out what is still in L2 when the kernel ends. The times are min / median / max of "
               f"{first['runs']} runs outside ncu in the burst regime of the results tables (CUDA events, L2 flushed "
               "before each run). "
-              f"Measured {', '.join(dates)} with tilus {first['tilus']}, torch {first['torch']}; "
-              "written by `python docs/counters.py --table` from the CSV of `python docs/counters.py --run`."]
+              f"{measured(ordered)} from the CSV of `python docs/counters.py --run`."]
     return "\n".join(lines) + "\n"
 
 
@@ -386,14 +391,12 @@ def limits_table(rows: list[dict]) -> str:
             f"| {float(r['kernel_ns']) / 1e3:.1f} | {active:.1f} | {tensor:.1f} | {active * tensor / 100:.1f} "
             f"| {_mib(r['l2_bytes'])} | {_mib(r['dram_read_bytes'])} |")
     first = ordered[0]
-    dates = sorted({r["date"] for r in ordered})
     lines += ["", f"{first['gpu']}, fp16. One launch of each kernel under Nsight Compute (`--clock-control none`, "
               "L2 flushed before it); v9 tuned as its first call tunes. SMs active: "
               f"`{METRICS['sm_active_pct']}`; tensor pipe: `{first['tensor_metric']}`; their product is the share "
               f"of the kernel's time the tensor pipe was busy. L2 moved: `{METRICS['l2_bytes']}`. A CTA's tiles: "
               "tiles of C over the CTAs launched (one an SM; cuBLAS's own tiles are not counted). "
-              f"Measured {', '.join(dates)} with tilus {first['tilus']}, "
-              f"torch {first['torch']}; written by `python docs/counters.py --table`."]
+              f"{measured(ordered)}."]
     return "\n".join(lines) + "\n"
 
 

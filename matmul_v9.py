@@ -36,7 +36,9 @@ BOX_K = 64
 # N = 4096 they make 64 tiles where 128 rows make 32, so stream-K spreads the weights over 128
 # SMs, not 64. Last, cuBLAS's tile at M = 128: 64 x 128 in clusters of two sharing B's tile, 8 stages of
 # 24 KiB. At 128 x 8192 x 8192, L2 then serves B's 128 MiB once plus 1 MiB of A to each of 128 CTAs
-# (256 MiB); 128 x 64 tiles take B once plus all 2 MiB of A to each of 128 CTAs (384 MiB).
+# (256 MiB); 128 x 64 tiles take B once plus all 2 MiB of A to each of 128 CTAs (384 MiB). And
+# 128 x 256 in clusters of four sharing B: L2 serves (4 x 128 + 256) / (4 x 128 x 256) = 0.0059
+# operand rows an output, a quarter less than pairs' (2 x 128 + 256) / (2 x 128 x 256) = 0.0078.
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
     [128, 256, 64, 4, 1, False, False], [128, 256, 64, 4, 2, False, False],
     [128, 256, 64, 4, 2, False, True],
@@ -49,6 +51,7 @@ BOX_K = 64
     [64, 16, 128, 10, 1, True, False], [64, 16, 128, 10, 1, True, True],
     [64, 64, 128, 6, 1, True, False], [64, 64, 128, 6, 1, True, True],
     [64, 128, 64, 8, 2, False, False],
+    [128, 256, 64, 4, 4, False, False],
 ])
 @tilus.autotune("group_m", [8])
 class HopperMatmulV9(tilus.Script):
@@ -102,6 +105,7 @@ class HopperMatmulV9(tilus.Script):
         num_sms: int32,
         flags_ptr: void_p,
         partials_ptr: void_p,
+        cluster4_sms: int32,
     ):
         # 2. operands. With swap_ab the kernel computes C^T = B A^T: its A is the caller's B and
         # its M the caller's N; only the epilogue, which stores the tile transposed, knows
@@ -115,7 +119,10 @@ class HopperMatmulV9(tilus.Script):
         # a unit of work: cluster_m tiles stacked in M, one per CTA of a cluster, sharing B
         num_units_m = cdiv(num_m, self.cluster_m)
         num_units = num_units_m * num_n
-        self.attrs.blocks = launch_blocks(num_units, num_sms, self.cluster_m, self.stream_k)
+        # a cluster runs on one GPC, and GPCs differ in size: clusters of four may not fill every SM
+        # (support.gpu.cluster_sms asks the driver), and a launch of more runs the extra ones last
+        sms = cluster4_sms if self.cluster_m == 4 else num_sms
+        self.attrs.blocks = launch_blocks(num_units, sms, self.cluster_m, self.stream_k)
         self.attrs.cluster_blocks = self.cluster_m
         # one or two consumer warpgroups, then the producer warp (a warpgroup with the register split)
         self.attrs.warps = 4 * self.consumers + (4 if self.register_split else 1)

@@ -124,7 +124,7 @@ class Pipeline(tilus.Class):
         self.mbarrier.arrive(self.previous_empty_barrier())
 
     def consumer_release_previous_in_cluster(self, ctas: int, rank: int32):
-        """Free the slot before consumer_stage in each of the cluster's ctas CTAs (1 or 2).
+        """Free the slot before consumer_stage in each of the cluster's ctas CTAs (1, 2 or 4).
 
         One thread of the calling warpgroup arrives once on each CTA's empty barrier: after
         ``wait_group`` the whole warpgroup's wgmma has finished reading the slot (docs/v3.md,
@@ -139,6 +139,10 @@ class Pipeline(tilus.Class):
                 # release at CTA scope, as for the local arrive: a cluster-scope release stalls the
                 # thread until its earlier writes are visible cluster-wide, once per K step
                 self.mbarrier.arrive_and_expect_tx_remote(barrier, 0, target_rank=1 - rank, scope="cta")
+            elif ctas == 4:  # the three peers: rank ^ 1, rank ^ 2, rank ^ 3
+                self.mbarrier.arrive_and_expect_tx_remote(barrier, 0, target_rank=rank ^ 1, scope="cta")
+                self.mbarrier.arrive_and_expect_tx_remote(barrier, 0, target_rank=rank ^ 2, scope="cta")
+                self.mbarrier.arrive_and_expect_tx_remote(barrier, 0, target_rank=rank ^ 3, scope="cta")
 
     def consumer_release(self):
         """Free slot consumer_stage: every calling thread arrives on its empty barrier (empty count: the threads)."""

@@ -45,7 +45,7 @@ from tilus.lang.instantiated_script import extract_keys
 from support.bench import L2_ROTATION_BYTES
 from support.cache import use_cache
 from support.checks import check_inputs
-from support.gpu import gpu_arch, gpu_label
+from support.gpu import cluster_sms, gpu_arch, gpu_label
 from support.measure import loop_ms, time_samples, warm_up_gpu
 
 TUNE_QUICK_RUNS = 12  # burst pass: every schedule, median of this many runs
@@ -246,7 +246,8 @@ def kernel_args(script_cls, m: int, n: int, k: int, a, b, out, num_sms: int | No
 
     ``num_sms`` defaults to the SM count of the current GPU (132 when building without one:
     the value is an argument of the kernel, not compiled into it). Without tensors (a
-    build) the workspace is two null pointers.
+    build) the workspace is two null pointers. A kernel with clusters of four (v9 on) also
+    takes the SMs that such clusters fill at once (``gpu.cluster_sms``).
     """
     args = (m, n, k, a, b, out)
     if not is_persistent(script_cls):
@@ -254,7 +255,16 @@ def kernel_args(script_cls, m: int, n: int, k: int, a, b, out, num_sms: int | No
     num_sms = sm_count(num_sms)
     if "partials_ptr" not in parameters(script_cls):
         return (*args, num_sms)
-    return (*args, num_sms, *(workspace(a.device, num_sms) if isinstance(a, torch.Tensor) else (0, 0)))
+    args = (*args, num_sms, *(workspace(a.device, num_sms) if isinstance(a, torch.Tensor) else (0, 0)))
+    if "cluster4_sms" not in parameters(script_cls):
+        return args
+    if isinstance(a, torch.Tensor):
+        fit = cluster_sms(a.device.index, 4)
+    elif torch.cuda.is_available():  # no tensors (a tuning key's lookup): the same bucket as the call's
+        fit = cluster_sms(torch.cuda.current_device(), 4)
+    else:  # a build: an argument, not compiled in
+        fit = num_sms
+    return (*args, min(fit, num_sms // 4 * 4))
 
 
 def jit_instance(script_cls, m: int, n: int, k: int, dtype: torch.dtype = torch.float16):

@@ -1,6 +1,8 @@
 """Which GPU the tensors are on, and which of a version's two kernels runs there."""
 
+import ctypes
 import dataclasses
+import functools
 import importlib
 import re
 
@@ -57,6 +59,58 @@ def gpu_slug(name: str) -> str:
 def gpu_label(device=None) -> str:
     """The slug of the GPU torch sees (cache directories, results file names)."""
     return gpu_slug(torch.cuda.get_device_name(device))
+
+
+# a kernel that does nothing, to ask the driver how many clusters fit at once (the count depends
+# on the cluster's shape and the CTA's resources, not on the code)
+_EMPTY_PTX = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry empty() { ret; }\n"
+_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_SHARED_OPTIN = 97  # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+_CLUSTER_DIMENSION = 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, then a 64-byte union at offset 8
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("count", ctypes.c_uint)]
+
+
+@functools.cache
+def cluster_sms(index: int, cluster: int) -> int:
+    """SMs that clusters of ``cluster`` CTAs, one CTA an SM, fill at once on GPU ``index``.
+
+    A cluster's CTAs run on one GPC (a group of SMs), and a chip's GPCs hold different numbers
+    of SMs, so clusters of four may leave some SMs idle. A persistent kernel that launched more
+    clusters than fit would run the extra ones after the rest. The driver's
+    cuOccupancyMaxActiveClusters counts what fits, asked for an empty kernel with all the shared
+    memory a CTA may have (so one CTA an SM, as in the schedules that use clusters of four).
+    """
+    driver = ctypes.CDLL("libcuda.so.1")
+
+    def check(result: int, call: str) -> None:
+        if result != 0:
+            raise RuntimeError(f"{call} failed with CUresult {result} on GPU {index}")
+
+    module, function, shared, count = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int()
+    with torch.cuda.device(index):
+        torch.cuda.synchronize()  # torch's context for the GPU is current on this thread from here
+        check(driver.cuDeviceGetAttribute(ctypes.byref(shared), _SHARED_OPTIN, index), "cuDeviceGetAttribute")
+        check(driver.cuModuleLoadData(ctypes.byref(module), _EMPTY_PTX), "cuModuleLoadData")
+        try:
+            check(driver.cuModuleGetFunction(ctypes.byref(function), module, b"empty"), "cuModuleGetFunction")
+            check(driver.cuFuncSetAttribute(function, _MAX_DYNAMIC_SHARED, shared), "cuFuncSetAttribute")
+            attribute = _LaunchAttribute(id=_CLUSTER_DIMENSION)
+            attribute.value[:3] = (cluster, 1, 1)
+            config = _LaunchConfig(grid=(cluster, 1, 1), block=(128, 1, 1), shared=shared.value,
+                                   attrs=ctypes.pointer(attribute), count=1)
+            check(driver.cuOccupancyMaxActiveClusters(ctypes.byref(count), function, ctypes.byref(config)),
+                  "cuOccupancyMaxActiveClusters")
+        finally:
+            driver.cuModuleUnload(module)
+    return count.value * cluster
 
 
 class Kernels(dict):

@@ -45,14 +45,15 @@ The rules
     Each barrier's initial count equals the arrivals one phase receives. Arrivals are read
     from the call sites: an ``mbarrier.arrive`` counts its count operand per thread that
     reaches it, an ``arrive.expect_tx`` one per thread, a ``tcgen05.commit`` one per warp
-    (tilus predicates it on the warp's elected lane), a remote arrive (``mapa`` to the peer
-    of a 2-CTA cluster) one per thread from the peer. The threads that reach a site are the
-    innermost tilus ``ThreadGroup`` around it (its IR comment names the group; elect_any is
-    one thread). A role (the group, local or remote) arrives once per phase on each barrier
-    it touches, so a phase's arrivals are the sum over the roles; the copies of a site that
-    an unrolled loop makes are one role. A thread-dependent ``if`` that is not a tilus
-    ThreadGroup around an arrival is reported as unrecognised. Pipeline's contract
-    (pipeline.py): full count 1, empty count ``consumer_arrivals``, the flush barrier 1.
+    (tilus predicates it on the warp's elected lane), a remote arrive (``mapa`` to a peer:
+    in a cluster of 2 ``1 - clusterBlockRank``, of 4 ``clusterBlockRank ^ k``) one per
+    thread from each peer. The threads that reach a site are the innermost tilus
+    ``ThreadGroup`` around it (its IR comment names the group; elect_any is one thread). A
+    role (the group, local or remote) arrives once per phase on each barrier it touches, so
+    a phase's arrivals are the sum over the roles; the copies of a site that an unrolled
+    loop makes are one role. A thread-dependent ``if`` that is not a tilus ThreadGroup
+    around an arrival is reported as unrecognised. Pipeline's contract (pipeline.py): full
+    count 1, empty count ``consumer_arrivals``, the flush barrier 1.
 ``flush-before-ld`` (Blackwell)
     The last ``tcgen05.commit`` before the accumulator's first ``tcgen05.ld`` targets a
     barrier that is waited on between the two.
@@ -320,19 +321,32 @@ def _strip_casts(expr: str) -> str:
     return expr
 
 
-def _address(kernel: Kernel, expr: str, depth: int = 0) -> tuple[int, bool, bool]:
-    """(offset from `barriers`, dynamic?, remote?) of a barrier address expression."""
+def _peer(kernel: Kernel, rank: str) -> int:
+    """Which peer a remote arrival's rank names, as k in clusterBlockRank ^ k (1 - clusterBlockRank: 1)."""
+    text = _strip_casts(rank).replace(" ", "").strip("()")
+    if re.fullmatch(r"[A-Za-z_]\w*", text) and text != "clusterBlockRank":
+        value = kernel.definition(text)  # a hoisted loop invariant
+        text = _strip_casts(value).replace(" ", "").strip("()") if value else text
+    if text == "1-clusterBlockRank":
+        return 1
+    m = re.fullmatch(r"clusterBlockRank\^(\d+)", text)
+    if not m or int(m.group(1)) == 0:
+        raise Unrecognised(f"remote arrival to rank {rank!r}, not a peer (clusterBlockRank ^ k, 1 - clusterBlockRank)")
+    return int(m.group(1))
+
+
+def _address(kernel: Kernel, expr: str, depth: int = 0) -> tuple[int, bool, int]:
+    """(offset from `barriers`, dynamic?, the peer k of a remote arrival or 0) of a barrier address expression."""
     if depth > 8:
         raise Unrecognised(f"barrier address {expr!r} resolves too deep")
     expr = _strip_casts(expr).strip()
-    remote = False
+    remote = 0
     m = re.fullmatch(r"\(*\s*(tilus_\w*mapa\w*)\((.*)\)\s*\)*", expr)
     if m:
         args = _split_args(m.group(2))
-        if args[1].replace(" ", "").strip("()") != "1-clusterBlockRank":
-            raise Unrecognised(f"remote arrival to rank {args[1]!r}, not the peer of a 2-CTA cluster")
+        peer = _peer(kernel, args[1])
         offset, dynamic, _ = _address(kernel, args[0], depth + 1)
-        return offset, dynamic, True
+        return offset, dynamic, peer
     dynamic = False
     pieces = []
     for token in re.split(r"(\b[A-Za-z_]\w*(?:\[\d+\])?)", expr):
@@ -503,13 +517,14 @@ def check_mbarriers(kernel: Kernel, schedule: dict) -> list[tuple[str, str]]:
             if "count" in helper.params and not count:
                 raise Unrecognised(f"mbarrier.arrive at {kernel.lines(call.start)} with a run-time count")
             per_thread = int(count.group(1)) if count else 1
-        if remote and kernel.cluster != 2:
-            raise Unrecognised(f"remote arrival at {kernel.lines(call.start)} in a cluster of {kernel.cluster}")
+        if remote >= max(kernel.cluster, 2) or (remote and kernel.cluster not in (2, 4)):
+            raise Unrecognised(f"remote arrival to peer {remote} at {kernel.lines(call.start)} "
+                               f"in a cluster of {kernel.cluster}")
         array = next((a for a in arrays if offset in a.offsets), None)
         if array is None:
             raise Unrecognised(f"arrival at {kernel.lines(call.start)} on +{offset}, no barrier")
         targets = array.offsets if dynamic else [offset]
-        key = (*role, "remote" if remote else "local")
+        key = (*role, f"remote {remote}" if remote else "local")
         for target in targets:
             arrivals, positions = received[target].get(key, (None, []))
             if arrivals is not None and arrivals != threads * per_thread:

@@ -3,6 +3,7 @@
 The timing itself needs a GPU (tests/test_gpu.py, test_the_tuner_ranks_its_finalists_back_to_back).
 """
 
+import pytest
 import torch
 
 from support import dispatch
@@ -97,3 +98,14 @@ def test_a_window_holds_enough_calls_and_not_too_many():
     assert dispatch.calls_in(dispatch.TUNE_WINDOW_S, 0.05) == int(dispatch.TUNE_WINDOW_S / 0.05e-3)
     assert dispatch.calls_in(dispatch.TUNE_WINDOW_S, 50.0) == 10
     assert dispatch.calls_in(dispatch.TUNE_WINDOW_S, 1e-5) == 50_000
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the driver's count is used (tests/test_gpu.py)")
+def test_clusters_of_four_take_the_sms_they_fill_without_a_gpu_all_of_them():
+    # v9's last argument: the SMs clusters of four fill at once (the driver's count on a GPU, tests/test_gpu.py);
+    # building without a GPU, every whole cluster of the SM count given
+    import matmul_v9
+
+    args = dispatch.kernel_args(matmul_v9.KERNELS["hopper"], 4096, 4096, 4096, 0, 0, 0, num_sms=130)
+    assert args[6] == 130 and args[-1] == 128
+    assert len(dispatch.kernel_args(matmul_v9.KERNELS["blackwell"], 4096, 4096, 4096, 0, 0, 0)) == 9

@@ -125,6 +125,25 @@ def test_the_tuner_ranks_its_finalists_back_to_back():
     assert a.equal(a0) and b.equal(b0)
 
 
+def test_clusters_of_four_launch_no_more_ctas_than_fit_at_once():
+    # the driver's count: whole clusters, no more SMs than the GPU has; v9 launches that many CTAs for its
+    # clusters of four (more would run the extra clusters after the rest), and every SM for pairs
+    import matmul_v9
+    from support import dispatch
+
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    fits = {cluster: gpu.cluster_sms(0, cluster) for cluster in (1, 2, 4)}
+    assert fits[1] == num_sms and fits[2] <= num_sms and 0 < fits[4] <= num_sms and fits[4] % 4 == 0, fits
+    if gpu.gpu_arch() != "hopper":  # v9's clusters of four are Hopper's
+        return
+    a, b, _ = measure.random_inputs(3000, 5000, 2056, seed=1)
+    out = torch.empty(3000, 5000, dtype=a.dtype, device="cuda")
+    args = dispatch.kernel_args(matmul_v9.KERNELS["hopper"], 3000, 5000, 2056, a, b, out)
+    assert args[6] == num_sms and args[-1] == fits[4]
+    assert dispatch.kernel_args(matmul_v9.KERNELS["hopper"], 3000, 5000, 2056, a, b, out, num_sms=64)[-1] == \
+        min(fits[4], 64)
+
+
 def test_gpu_only_input_rules():
     import matmul_v1
 

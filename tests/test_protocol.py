@@ -172,6 +172,19 @@ def test_planted_missing_remote_arrival(built):
     assert any("initialised with count 4 receives 2 arrivals" in m for m in messages), messages
 
 
+def test_planted_4cta_cluster_peer_twice(built):
+    # a cluster of 4: each consumer arrives on the three peers' empty barriers (count 2 x 4 = 8); the first consumer
+    # naming peer 2 twice loses its arrival on peer 3
+    r = next((r for version in reversed(VERSIONS) for r in built(version, "hopper")
+              if r.schedule.get("cluster_m") == 4), None)
+    assert r is not None, "no Hopper schedule with cluster_m=4"
+    source, _ = texts(r)
+    third = re.search(r"int32_t (loop_invariant_\d+) = \(clusterBlockRank \^ 3\);", source)
+    messages = fires("mbarrier-count", r, "hopper", plant(source, third.group(0),
+                                                        f"int32_t {third.group(1)} = (clusterBlockRank ^ 2);"))
+    assert any("count 8 receives 7 arrivals" in m for m in messages), messages
+
+
 def test_planted_arrive_count(built):
     r = hopper_cluster_kernel(built)
     source, _ = texts(r)

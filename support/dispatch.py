@@ -53,7 +53,7 @@ TUNE_FINALISTS = 5  # back-to-back pass: the fastest few of the burst pass
 TUNE_WARM_UP_S = 0.5  # the finalists back to back before their windows: the clock settles to what it holds under load
 TUNE_WINDOW_S = 0.12  # one finalist's back-to-back window: hundreds of calls at the sizes where the pick matters
 TUNE_ROUNDS = 3  # each pass in rounds, a fresh random order each, so clock drift hits every schedule alike
-TUNE_TIE = 0.005  # back-to-back times this close are a tie, which the burst time breaks (see ranking)
+TUNE_TIE = 0.005  # back-to-back times this close, at least, are a tie, which the burst time breaks (see ranking)
 TUNE_SETS_MAX = 32  # operand sets rotated back to back, at most (tiny sizes would need thousands)
 
 
@@ -304,6 +304,7 @@ class Timed(NamedTuple):
     index: int  # the schedule's program index
     burst_ms: float  # median ms of a launch alone, L2 flushed
     loop_ms: float | None  # median over rounds of ms per call back to back
+    loop_spread_ms: float | None = None  # half the range of those rounds' times
 
 
 def finalists(burst_ms: dict[int, float], count: int = TUNE_FINALISTS) -> list[int]:
@@ -311,22 +312,29 @@ def finalists(burst_ms: dict[int, float], count: int = TUNE_FINALISTS) -> list[i
     return sorted(burst_ms, key=burst_ms.get)[:count]
 
 
-def ranking(burst_ms: dict[int, float], loop_ms: dict[int, float]) -> list[Timed]:
+def ranking(burst_ms: dict[int, float], loop_ms: dict[int, float],
+            loop_spread_ms: dict[int, float] | None = None) -> list[Timed]:
     """Every schedule, the pick first: the finalists (those in ``loop_ms``) by their back-to-back time, the others
     after them by their burst time.
 
-    The back-to-back time decides: it is what a program's loop gets. Finalists within
-    TUNE_TIE of the fastest are a tie, and the burst time breaks it: where the host sets the
-    loop's pace (small sizes), the loop cannot tell the schedules apart, and the burst can.
+    The back-to-back time decides: it is what a program's loop gets. A finalist whose time
+    is within TUNE_TIE of the fastest's, or within the larger of the two's spreads (half the
+    range of their windows, ``loop_spread_ms``), is level with it, and the fastest burst
+    among the level ones is the pick. Where the host sets the loop's pace (small sizes), or
+    the clock moves more between windows than the schedules differ, the windows cannot tell
+    the schedules apart, and the burst can.
     """
+    spread = loop_spread_ms or {}
     order = sorted(loop_ms, key=loop_ms.get)
     if order:
-        tied = [index for index in order if loop_ms[index] <= loop_ms[order[0]] * (1 + TUNE_TIE)]
+        fastest = order[0]
+        tied = [index for index in order if loop_ms[index] - loop_ms[fastest]
+                <= max(loop_ms[fastest] * TUNE_TIE, spread.get(index, 0.0), spread.get(fastest, 0.0))]
         pick = min(tied, key=burst_ms.get)
         order.remove(pick)
         order.insert(0, pick)
     order += sorted((index for index in burst_ms if index not in loop_ms), key=burst_ms.get)
-    return [Timed(index, burst_ms[index], loop_ms.get(index)) for index in order]
+    return [Timed(index, burst_ms[index], loop_ms.get(index), spread.get(index)) for index in order]
 
 
 def random_like(x: torch.Tensor) -> torch.Tensor:
@@ -398,18 +406,19 @@ def rank_schedules(jit, launch_args: tuple, seed: int = 0, count: int = TUNE_FIN
             rng.shuffle(chosen)
             for index in chosen:
                 loop[index].append(loop_ms(funcs[index], arg_sets, calls_in(TUNE_WINDOW_S, per_call[index])))
-    return ranking(burst_ms, {index: statistics.median(times) for index, times in loop.items()})
+    return ranking(burst_ms, {index: statistics.median(times) for index, times in loop.items()},
+                   {index: (max(times) - min(times)) / 2 for index, times in loop.items()})
 
 
 def tuning_report(timed: list[Timed], schedules: list[dict]) -> str:
     """The ranking as text, the pick first: each schedule's back-to-back and burst ms (``schedules[index]``)."""
     lines = [("# back to back: ms a call in a loop of launches with no sync, operands rotated past L2, median of "
-              f"{TUNE_ROUNDS} windows (the finalists only); burst: median ms of a launch alone, L2 flushed. "
+              f"{TUNE_ROUNDS} windows ± half their range (the finalists only); burst: median ms of a launch alone, L2 flushed. "
               "The first schedule is the pick.\n"),
-             f"# {'back to back':>12}  {'burst':>9}  schedule\n"]
+             f"# {'back to back':>20}  {'burst':>9}  schedule\n"]
     for t in timed:
-        loop = f"{t.loop_ms:.4f} ms" if t.loop_ms is not None else "-"
-        lines.append(f"{loop:>14}  {t.burst_ms:.4f} ms  {format_schedule(schedules[t.index])}\n")
+        loop = f"{t.loop_ms:.4f} ms ±{t.loop_spread_ms or 0:.4f}" if t.loop_ms is not None else "-"
+        lines.append(f"{loop:>22}  {t.burst_ms:.4f} ms  {format_schedule(schedules[t.index])}\n")
     return "".join(lines)
 
 

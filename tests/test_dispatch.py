@@ -38,6 +38,17 @@ def test_a_back_to_back_tie_goes_to_the_faster_burst():
     assert dispatch.ranking(burst, loop)[0].index == 0
 
 
+def test_a_gap_within_the_windows_spread_is_level_and_the_burst_breaks_it():
+    # 3000x5000x2056 on an H100: clusters of four 6% ahead in the burst, 1% behind in three noisy windows (±4%)
+    burst = {0: 0.1077, 1: 0.1008, 2: 0.1100}
+    loop = {0: 0.1184, 1: 0.1196, 2: 0.1250}
+    assert dispatch.ranking(burst, loop)[0].index == 0  # without the spread, past TUNE_TIE: the loop decides
+    timed = dispatch.ranking(burst, loop, {0: 0.0010, 1: 0.0045, 2: 0.0010})
+    assert [t.index for t in timed] == [1, 0, 2] and timed[0].loop_spread_ms == 0.0045
+    # a gap past both spreads: the loop decides
+    assert dispatch.ranking(burst, loop, {0: 0.0010, 1: 0.0005, 2: 0.0010})[0].index == 0
+
+
 def test_every_schedule_is_ranked_once():
     burst = {index: 0.1 + 0.01 * ((index * 7) % 19) for index in range(19)}
     chosen = dispatch.finalists(burst)
@@ -51,8 +62,8 @@ def test_the_report_names_both_regimes_and_the_pick_first():
     text = dispatch.tuning_report(timed, SCHEDULES)
     header, _, first, second, third, _ = text.splitlines()
     assert "back to back" in header and "burst" in header and "pick" in header
-    assert first.split() == ["0.0470", "ms", "0.0500", "ms", "block_m=128", "block_n=128", "stream_k=True"]
-    assert second.split()[:4] == ["0.0504", "ms", "0.0489", "ms"]
+    assert first.split() == ["0.0470", "ms", "±0.0000", "0.0500", "ms", "block_m=128", "block_n=128", "stream_k=True"]
+    assert second.split()[:5] == ["0.0504", "ms", "±0.0000", "0.0489", "ms"]
     assert third.split()[:3] == ["-", "0.0600", "ms"]
 
 

@@ -128,9 +128,9 @@ class Pipeline(tilus.Class):
 
         One thread of the calling warpgroup arrives once on each CTA's empty barrier: after
         ``wait_group`` the whole warpgroup's wgmma has finished reading the slot (docs/v3.md,
-        when a slot is free). With a cluster of 2 the peer's producer multicasts into this
-        CTA's slot too, so it must hear from these consumers as well (empty count:
-        warpgroups x ctas); ``rank`` is this CTA's rank in the cluster.
+        when a slot is free). In a cluster each peer's producer multicasts into this CTA's
+        slot too, so it must hear from these consumers as well (empty count: warpgroups x
+        ctas); ``rank`` is this CTA's rank in the cluster.
         """
         barrier = self.previous_empty_barrier()
         with self.single_thread():

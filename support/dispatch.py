@@ -413,8 +413,8 @@ def rank_schedules(jit, launch_args: tuple, seed: int = 0, count: int = TUNE_FIN
 def tuning_report(timed: list[Timed], schedules: list[dict]) -> str:
     """The ranking as text, the pick first: each schedule's back-to-back and burst ms (``schedules[index]``)."""
     lines = [("# back to back: ms a call in a loop of launches with no sync, operands rotated past L2, median of "
-              f"{TUNE_ROUNDS} windows ± half their range (the finalists only); burst: median ms of a launch alone, L2 flushed. "
-              "The first schedule is the pick.\n"),
+              f"{TUNE_ROUNDS} windows ± half their range (the finalists only); burst: median ms of a launch alone, "
+              "L2 flushed. The first schedule is the pick.\n"),
              f"# {'back to back':>20}  {'burst':>9}  schedule\n"]
     for t in timed:
         loop = f"{t.loop_ms:.4f} ms ±{t.loop_spread_ms or 0:.4f}" if t.loop_ms is not None else "-"

@@ -24,7 +24,7 @@ the gap between schedules: under load the clock follows each schedule's power dr
 kernel in a loop starts on the L2 and memory traffic its predecessor left, not on a flushed
 L2. The back-to-back time picks (``ranking``). A fresh bucket's ranking takes the burst
 pass (about 11 ms per schedule and round) plus TUNE_WARM_UP_S + TUNE_FINALISTS x
-TUNE_ROUNDS x TUNE_WINDOW_S = 2.3 s.
+TUNE_ROUNDS x TUNE_WINDOW_S = 3.8 s.
 """
 
 import dataclasses
@@ -50,7 +50,7 @@ from support.measure import loop_ms, time_samples, warm_up_gpu
 
 TUNE_QUICK_RUNS = 12  # burst pass: every schedule, median of this many runs
 TUNE_FINALISTS = 5  # back-to-back pass: the fastest few of the burst pass
-TUNE_WARM_UP_S = 0.5  # the finalists back to back before their windows: the clock settles to what it holds under load
+TUNE_WARM_UP_S = 2.0  # the finalists back to back before their windows, until the clock holds where it will (reference.md)
 TUNE_WINDOW_S = 0.12  # one finalist's back-to-back window: hundreds of calls at the sizes where the pick matters
 TUNE_ROUNDS = 3  # each pass in rounds, a fresh random order each, so clock drift hits every schedule alike
 TUNE_TIE = 0.005  # back-to-back times this close, at least, are a tie, which the burst time breaks (see ranking)

@@ -36,8 +36,8 @@ BOX_K = 128
 # were, so slots and rings keep v9's sizes (128 x 256: 4 x (16 + 32) KiB + two 16 KiB output
 # rings); decode tiles take 256 columns, two boxes. No 128 x 224 (its 32-column boxes would need
 # their own ring), no swapped 128 x 64 (not carried over). stream_k and swap_ab: the tuner picks.
-# Last, cuBLAS's fp8 tile at M = 128 and 256 (ncu names it): 64 x 128 in clusters of two sharing
-# B's tile, 8 stages of 8 + 16 KiB, as v9's bf16 one.
+# Last, v9's 64 x 128 in clusters of two sharing B's tile, 8 stages of 8 + 16 KiB: ncu names it
+# cuBLAS's fp8 tile at M = 128 and 256 too.
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
     [128, 256, 128, 4, 1, False, False], [128, 256, 128, 4, 2, False, False],
     [128, 256, 128, 4, 2, False, True],

@@ -38,7 +38,7 @@ BOX_K = 64
 # 24 KiB. At 128 x 8192 x 8192, L2 then serves B's 128 MiB once plus 1 MiB of A to each of 128 CTAs
 # (256 MiB); 128 x 64 tiles take B once plus all 2 MiB of A to each of 128 CTAs (384 MiB). And
 # 128 x 256 in clusters of four sharing B: L2 serves (4 x 128 + 256) / (4 x 128 x 256) = 0.0059
-# operand rows an output, a quarter less than pairs' (2 x 128 + 256) / (2 x 128 x 256) = 0.0078.
+# operand elements an output each K step, a quarter less than pairs' (2 x 128 + 256) / (2 x 128 x 256) = 0.0078.
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
     [128, 256, 64, 4, 1, False, False], [128, 256, 64, 4, 2, False, False],
     [128, 256, 64, 4, 2, False, True],

@@ -276,7 +276,7 @@ def main(argv=None) -> int:
         path = args.out or cli.RESULTS_DIR / f"{gpu.gpu_label()}_quant.csv"
         save(time_quantizer(args.version, args.scaling, args.repeat), path, QUANT_FIELDS,
              ("version", "scaling", "m", "n", "k"))
-        provenance.record(args.version, provenance.hashes(f"matmul_{args.version}"), files=[path])
+        provenance.record_measured(args.version, path)
         return 0
     import transformers
 
@@ -341,7 +341,7 @@ def main(argv=None) -> int:
             del calls
             save(rows, path)  # after every scenario, so a run cut short keeps what it measured
     # the programs these rows were measured with (support/provenance.py)
-    provenance.record(args.version, provenance.hashes(f"matmul_{args.version}"), files=[path])
+    provenance.record_measured(args.version, path)
     return 0
 
 

@@ -1015,7 +1015,7 @@ def benchmark(sizes: list[str], peer: bool, dtype: str = "fp16", names: list[str
                          peers=[peer_contender] if peer else [],
                          on_size=lambda size_rows: cli.print_rows(size_rows) or cli.save_rows(size_rows, path))
     for name in versions:  # the programs these rows were measured with (support/provenance.py)
-        provenance.record(name, provenance.hashes(f"matmul_{name}"), files=[path])
+        provenance.record_measured(name, path)
     wrong = sorted({f"{r['version']} at {_size(r)}" for r in rows if not cli.row_passes(r)})
     if wrong:
         raise SystemExit(f"not plotted: wrong results from {', '.join(wrong)}")

@@ -309,7 +309,7 @@ def run(versions: list[str], sizes: list[str], out: Path | None) -> int:
             save([measure(version, size, ncu, tensor_metric)], out)
     for version in versions:  # the programs these rows were measured with (support/provenance.py)
         if version != "cublas":
-            provenance.record(version, provenance.hashes(f"matmul_{version}"), files=[out])
+            provenance.record_measured(version, out)
     print(f"wrote {out}")
     return 0
 

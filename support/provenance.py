@@ -113,6 +113,11 @@ def record(version: str, found: dict[str, str], measured_as: str | None = None, 
     PATH.write_text(json.dumps(dict(sorted(entries.items(), key=lambda item: int(item[0][1:]))), indent=1) + "\n")
 
 
+def record_measured(version: str, path: Path) -> None:
+    """``record`` the version's programs on disk as those that just measured its rows in the CSV at ``path``."""
+    record(version, hashes(f"matmul_{version}"), files=[path])
+
+
 def hashes_at(commit: str, module_name: str) -> dict[str, str]:
     """``hashes`` of a version as it was at a git commit: computed in a throwaway worktree, in a fresh interpreter."""
     with tempfile.TemporaryDirectory() as folder:

@@ -643,7 +643,7 @@ def main(version: str, kernels: dict, blockwise_kernels: dict | None, matmul, ar
     timed_versions = {r["version"].split()[0] for r in rows}
     for name in [version, *(m.removeprefix("matmul_") for m in (beside, bf16) if m)]:
         if name in timed_versions:
-            provenance.record(name, provenance.hashes(f"matmul_{name}"), files=[path])
+            provenance.record_measured(name, path)
     print(text_table(["size", "regime", "contender", "ms", "TFLOPS", "versus", "% of versus (its ms / this ms)",
                       "spread (points)", "% of copy BW", "rel. error", "schedule"],
                      [["x".join(str(r[d]) for d in "mnk"), r.get("regime", "-"), r["version"], r.get("ms", "-"),

@@ -55,6 +55,7 @@ TUNE_WINDOW_S = 0.12  # one finalist's back-to-back window: hundreds of calls at
 TUNE_ROUNDS = 3  # each pass in rounds, a fresh random order each, so clock drift hits every schedule alike
 TUNE_TIE = 0.005  # back-to-back times this close, at least, are a tie, which the burst time breaks (see ranking)
 TUNE_SETS_MAX = 32  # operand sets rotated back to back, at most (tiny sizes would need thousands)
+SKINNY_M = 256  # the skinny class: M this small or smaller, and the weights (B) are the operand that costs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,9 +308,22 @@ class Timed(NamedTuple):
     loop_spread_ms: float | None = None  # half the range of those rounds' times
 
 
-def finalists(burst_ms: dict[int, float], count: int = TUNE_FINALISTS) -> list[int]:
-    """The ``count`` fastest schedules of the burst pass."""
-    return sorted(burst_ms, key=burst_ms.get)[:count]
+def finalists(burst_ms: dict[int, float], count: int = TUNE_FINALISTS, eligible=None) -> list[int]:
+    """The ``count`` fastest schedules of the burst pass, among ``eligible`` ones where given."""
+    return sorted((index for index in burst_ms if eligible is None or index in eligible), key=burst_ms.get)[:count]
+
+
+def splits_skinny_m(schedule: dict, m: int) -> bool:
+    """Whether a schedule is a swapped tile narrower than a skinny call's M (its size bucket's).
+
+    A swapped tile puts the caller's M on its N, so ``block_n`` < M splits the tokens over
+    several tiles, and each of them reads the same rows of the weights again. At
+    128x8192x8192 on the H100 the swapped 128 x 64 moved 366 MiB through L2 against cuBLAS's
+    266, and was 4% slower back to back than v9's 64 x 128 pairs, yet its burst was the fastest. Such a tile
+    is never a finalist (``rank_schedules``).
+    """
+    m = bucket(m)
+    return bool(schedule.get("swap_ab")) and m <= SKINNY_M and schedule["block_n"] < m
 
 
 def ranking(burst_ms: dict[int, float], loop_ms: dict[int, float],
@@ -320,7 +334,8 @@ def ranking(burst_ms: dict[int, float], loop_ms: dict[int, float],
     The back-to-back time decides: it is what a program's loop gets. A finalist whose time
     is within TUNE_TIE of the fastest's, or within the larger of the two's spreads (half the
     range of their windows, ``loop_spread_ms``), is level with it, and the fastest burst
-    among the level ones is the pick. Where the host sets the loop's pace (small sizes), or
+    among the level ones is the pick, unless it is within TUNE_TIE of the fastest's burst:
+    then the fastest back to back stays the pick. Where the host sets the loop's pace (small sizes), or
     the clock moves more between windows than the schedules differ, the windows cannot tell
     the schedules apart, and the burst can.
     """
@@ -331,6 +346,8 @@ def ranking(burst_ms: dict[int, float], loop_ms: dict[int, float],
         tied = [index for index in order if loop_ms[index] - loop_ms[fastest]
                 <= max(loop_ms[fastest] * TUNE_TIE, spread.get(index, 0.0), spread.get(fastest, 0.0))]
         pick = min(tied, key=burst_ms.get)
+        if burst_ms[fastest] - burst_ms[pick] <= burst_ms[fastest] * TUNE_TIE:
+            pick = fastest  # the bursts tie too: the loop's median is all that tells them apart
         order.remove(pick)
         order.insert(0, pick)
     order += sorted((index for index in burst_ms if index not in loop_ms), key=burst_ms.get)
@@ -370,7 +387,8 @@ def rank_schedules(jit, launch_args: tuple, seed: int = 0, count: int = TUNE_FIN
     The burst pass times every schedule, TUNE_QUICK_RUNS runs each (L2 flushed before each
     run), in TUNE_ROUNDS rounds, every round in a fresh random order: the clock of a GPU
     coming up to its power cap moves within a pass, and a schedule timed all at once can
-    catch a dip that puts it far down the list. The back-to-back pass launches the finalists
+    catch a dip that puts it far down the list. The finalists are the fastest there, leaving out
+    swapped tiles that split a skinny M (``splits_skinny_m``). The back-to-back pass launches the finalists
     in turn for TUNE_WARM_UP_S, then gives each one window of about TUNE_WINDOW_S per round,
     TUNE_ROUNDS rounds in a fresh random order; a finalist's time is the median of its
     windows. The launches go on the default stream with addresses, as ``run`` makes them.
@@ -391,7 +409,9 @@ def rank_schedules(jit, launch_args: tuple, seed: int = 0, count: int = TUNE_FIN
     burst_ms = {index: statistics.median(times) for index, times in burst.items()}
     del flush
 
-    chosen = finalists(burst_ms, count)
+    schedules = [jit.schedules[index] for index in jit.valid_schedules]
+    eligible = {index for index in burst_ms if not splits_skinny_m(schedules[index], launch_args[0])}
+    chosen = finalists(burst_ms, count, eligible or None)
     sets = loop_sets(launch_args)  # the tensors stay alive while the launches use their addresses
     arg_sets = [tuple(pointer(x) for x in args) for args in sets]
     per_call = {index: burst_ms[index] for index in chosen}

@@ -49,6 +49,29 @@ def test_a_gap_within_the_windows_spread_is_level_and_the_burst_breaks_it():
     assert dispatch.ranking(burst, loop, {0: 0.0010, 1: 0.0005, 2: 0.0010})[0].index == 0
 
 
+def test_a_swapped_tile_that_splits_a_skinny_m_is_never_a_finalist():
+    swapped = {"block_m": 128, "block_n": 64, "swap_ab": True}
+    assert dispatch.splits_skinny_m(swapped, 128)  # two tiles over 128 tokens: the weights read twice
+    assert dispatch.splits_skinny_m(swapped, 100)  # its size bucket holds M up to 128
+    assert not dispatch.splits_skinny_m(swapped, 64)  # one tile holds every token
+    assert not dispatch.splits_skinny_m(swapped, 512)  # not skinny: left to the timing
+    assert not dispatch.splits_skinny_m({**swapped, "swap_ab": False}, 128)
+    # the swapped tile's burst is the fastest, but the finalists come from the others
+    burst = {0: 0.0520, 1: 0.0480, 2: 0.0500}
+    assert dispatch.finalists(burst, 2, eligible={0, 2}) == [2, 0]
+    timed = dispatch.ranking(burst, {2: 0.0540, 0: 0.0543})
+    assert [t.index for t in timed] == [2, 0, 1]
+
+
+def test_a_level_finalist_whose_burst_ties_too_does_not_take_the_pick():
+    # 256x14336x4096 on an H100: 128 x 224 alone, one noisy window (±0.0031), called level with the pairs; the
+    # bursts 0.2% apart cannot break that tie, so the pairs' median stays the pick (0.0586 ms against 0.0618 in
+    # five 0.3-s windows)
+    burst = {0: 0.0622, 1: 0.0621, 2: 0.0630}
+    loop = {0: 0.0575, 1: 0.0592, 2: 0.0593}
+    assert dispatch.ranking(burst, loop, {0: 0.0000, 1: 0.0031, 2: 0.0027})[0].index == 0
+
+
 def test_every_schedule_is_ranked_once():
     burst = {index: 0.1 + 0.01 * ((index * 7) % 19) for index in range(19)}
     chosen = dispatch.finalists(burst)

@@ -308,19 +308,18 @@ class Timed(NamedTuple):
     loop_spread_ms: float | None = None  # half the range of those rounds' times
 
 
-def finalists(burst_ms: dict[int, float], count: int = TUNE_FINALISTS, eligible=None) -> list[int]:
-    """The ``count`` fastest schedules of the burst pass, among ``eligible`` ones where given."""
-    return sorted((index for index in burst_ms if eligible is None or index in eligible), key=burst_ms.get)[:count]
+def finalists(burst_ms: dict[int, float], count: int = TUNE_FINALISTS) -> list[int]:
+    """The ``count`` fastest schedules of the burst pass."""
+    return sorted(burst_ms, key=burst_ms.get)[:count]
 
 
 def splits_skinny_m(schedule: dict, m: int) -> bool:
     """Whether a schedule is a swapped tile narrower than a skinny call's M (its size bucket's).
 
     A swapped tile puts the caller's M on its N, so ``block_n`` < M splits the tokens over
-    several tiles, and each of them reads the same rows of the weights again. At
-    128x8192x8192 on the H100 the swapped 128 x 64 moved 366 MiB through L2 against cuBLAS's
-    266, and was 4% slower back to back than v9's 64 x 128 pairs, yet its burst was the fastest. Such a tile
-    is never a finalist (``rank_schedules``).
+    several tiles, and each of them reads the same rows of the weights again. Its burst can
+    still be the fastest (docs/reference.md, "How the schedule is picked"). Such a tile is
+    never a finalist (``rank_schedules``).
     """
     m = bucket(m)
     return bool(schedule.get("swap_ab")) and m <= SKINNY_M and schedule["block_n"] < m
@@ -335,9 +334,9 @@ def ranking(burst_ms: dict[int, float], loop_ms: dict[int, float],
     is within TUNE_TIE of the fastest's, or within the larger of the two's spreads (half the
     range of their windows, ``loop_spread_ms``), is level with it, and the fastest burst
     among the level ones is the pick, unless it is within TUNE_TIE of the fastest's burst:
-    then the fastest back to back stays the pick. Where the host sets the loop's pace (small sizes), or
-    the clock moves more between windows than the schedules differ, the windows cannot tell
-    the schedules apart, and the burst can.
+    then the fastest back to back stays the pick. Where the host sets the loop's pace (small
+    sizes), or the clock moves more between windows than the schedules differ, the windows
+    cannot tell the schedules apart, and the burst can.
     """
     spread = loop_spread_ms or {}
     order = sorted(loop_ms, key=loop_ms.get)
@@ -387,8 +386,8 @@ def rank_schedules(jit, launch_args: tuple, seed: int = 0, count: int = TUNE_FIN
     The burst pass times every schedule, TUNE_QUICK_RUNS runs each (L2 flushed before each
     run), in TUNE_ROUNDS rounds, every round in a fresh random order: the clock of a GPU
     coming up to its power cap moves within a pass, and a schedule timed all at once can
-    catch a dip that puts it far down the list. The finalists are the fastest there, leaving out
-    swapped tiles that split a skinny M (``splits_skinny_m``). The back-to-back pass launches the finalists
+    catch a dip that puts it far down the list. The finalists are the fastest there, leaving
+    out swapped tiles that split a skinny M (``splits_skinny_m``). The back-to-back pass launches the finalists
     in turn for TUNE_WARM_UP_S, then gives each one window of about TUNE_WINDOW_S per round,
     TUNE_ROUNDS rounds in a fresh random order; a finalist's time is the median of its
     windows. The launches go on the default stream with addresses, as ``run`` makes them.
@@ -410,8 +409,8 @@ def rank_schedules(jit, launch_args: tuple, seed: int = 0, count: int = TUNE_FIN
     del flush
 
     schedules = [jit.schedules[index] for index in jit.valid_schedules]
-    eligible = {index for index in burst_ms if not splits_skinny_m(schedules[index], launch_args[0])}
-    chosen = finalists(burst_ms, count, eligible or None)
+    eligible = {index: ms for index, ms in burst_ms.items() if not splits_skinny_m(schedules[index], launch_args[0])}
+    chosen = finalists(eligible or burst_ms, count)
     sets = loop_sets(launch_args)  # the tensors stay alive while the launches use their addresses
     arg_sets = [tuple(pointer(x) for x in args) for args in sets]
     per_call = {index: burst_ms[index] for index in chosen}

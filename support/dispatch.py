@@ -319,10 +319,17 @@ def splits_skinny_m(schedule: dict, m: int) -> bool:
     A swapped tile puts the caller's M on its N, so ``block_n`` < M splits the tokens over
     several tiles, and each of them reads the same rows of the weights again. Its burst can
     still be the fastest (docs/reference.md, "How the schedule is picked"). Such a tile is
-    never a finalist (``rank_schedules``).
+    never a finalist (``finalist_candidates``).
     """
     m = bucket(m)
     return bool(schedule.get("swap_ab")) and m <= SKINNY_M and schedule["block_n"] < m
+
+
+def finalist_candidates(burst_ms: dict[int, float], schedules: list[dict], m: int) -> dict[int, float]:
+    """The burst times of the schedules that may be finalists: all but the swapped tiles that split a skinny M
+    (``splits_skinny_m``), or all of them where none is left."""
+    eligible = {index: ms for index, ms in burst_ms.items() if not splits_skinny_m(schedules[index], m)}
+    return eligible or burst_ms
 
 
 def ranking(burst_ms: dict[int, float], loop_ms: dict[int, float],
@@ -387,10 +394,11 @@ def rank_schedules(jit, launch_args: tuple, seed: int = 0, count: int = TUNE_FIN
     run), in TUNE_ROUNDS rounds, every round in a fresh random order: the clock of a GPU
     coming up to its power cap moves within a pass, and a schedule timed all at once can
     catch a dip that puts it far down the list. The finalists are the fastest there, leaving
-    out swapped tiles that split a skinny M (``splits_skinny_m``). The back-to-back pass launches the finalists
-    in turn for TUNE_WARM_UP_S, then gives each one window of about TUNE_WINDOW_S per round,
-    TUNE_ROUNDS rounds in a fresh random order; a finalist's time is the median of its
-    windows. The launches go on the default stream with addresses, as ``run`` makes them.
+    out swapped tiles that split a skinny M (``finalist_candidates``). The back-to-back pass
+    launches the finalists in turn for TUNE_WARM_UP_S, then gives each one window of about
+    TUNE_WINDOW_S per round, TUNE_ROUNDS rounds in a fresh random order; a finalist's time is
+    the median of its windows. The launches go on the default stream with addresses, as
+    ``run`` makes them.
     """
     a, b = launch_args[3], launch_args[4]
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
@@ -409,8 +417,7 @@ def rank_schedules(jit, launch_args: tuple, seed: int = 0, count: int = TUNE_FIN
     del flush
 
     schedules = [jit.schedules[index] for index in jit.valid_schedules]
-    eligible = {index: ms for index, ms in burst_ms.items() if not splits_skinny_m(schedules[index], launch_args[0])}
-    chosen = finalists(eligible or burst_ms, count)
+    chosen = finalists(finalist_candidates(burst_ms, schedules, launch_args[0]), count)
     sets = loop_sets(launch_args)  # the tensors stay alive while the launches use their addresses
     arg_sets = [tuple(pointer(x) for x in args) for args in sets]
     per_call = {index: burst_ms[index] for index in chosen}

@@ -58,8 +58,12 @@ def test_a_swapped_tile_that_splits_a_skinny_m_is_never_a_finalist():
     assert not dispatch.splits_skinny_m({**swapped, "swap_ab": False}, 128)
     # the swapped tile's burst is the fastest, but the finalists come from the others
     burst = {0: 0.0520, 1: 0.0480, 2: 0.0500}
-    eligible = {index: ms for index, ms in burst.items() if index != 1}  # 1 is the swapped tile, left out
+    plain = {"block_m": 128, "block_n": 128, "swap_ab": False}
+    eligible = dispatch.finalist_candidates(burst, [plain, swapped, plain], 128)
+    assert eligible == {0: 0.0520, 2: 0.0500}
     assert dispatch.finalists(eligible, 2) == [2, 0]
+    # where every schedule is such a tile, they all stay candidates
+    assert dispatch.finalist_candidates(burst, [swapped] * 3, 128) == burst
     timed = dispatch.ranking(burst, {2: 0.0540, 0: 0.0543})
     assert [t.index for t in timed] == [2, 0, 1]
 

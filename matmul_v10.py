@@ -151,6 +151,8 @@ class HopperMatmulV10(tilus.Script):
             dtype=self.dtype, shape=[self.stages, self.k_boxes, self.cluster_m, self.block_n // self.cluster_m, BOX_K]
         )
         self.s_c = self.output_rings()
+        # each consumer's copy of the tile's column scales: the epilogue reads them from here, not from global
+        self.s_scale_cols = self.shared_tensor(dtype=float32, shape=[self.consumers, 1, self.block_n])
 
         # 3. barriers: a slot is free once both consumer warpgroups of every CTA that reads it let go
         self.pipe = Pipeline(self.stages, consumer_arrivals=self.consumers * self.cluster_m)
@@ -251,6 +253,9 @@ class HopperMatmulV10(tilus.Script):
             if self.register_split:
                 setmaxnreg(232, "inc")
             self.pipe.consumer_start()
+            # per-tensor scales (strides 0): their product, the one scale of every element of C
+            self.scale = self.load_global(self.g_scale_rows, offsets=[0, 0], shape=[1, 1]) * self.load_global(
+                self.g_scale_cols, offsets=[0, 0], shape=[1, 1])
             c_phase: uint32 = 1 - warpgroup  # warpgroup 0 writes s_c first
             for item in self.scheduler.items():
                 tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
@@ -274,6 +279,9 @@ class HopperMatmulV10(tilus.Script):
             acc = self.start_from_partial(warpgroup, k_begin, k_end)
         else:
             acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+        # the tile's column scales, a few a thread, in flight during the K loop (tile_scales stores them)
+        self.cols_ahead = self.load_global(self.g_scale_cols, offsets=[0, self.block_n * tile_n],
+                                           shape=[1, self.block_n])
         for k_block in self.range(k_begin, k_end, 1):
             self.pipe.consumer_acquire()
             self.wgmma.fence()
@@ -286,9 +294,9 @@ class HopperMatmulV10(tilus.Script):
                 self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
             self.pipe.consumer_advance()
         if not self.stream_k:
-            # the epilogue's scales in flight during the last K block's wgmmas, not after them; stream-K's
+            # the row scales in flight, and the column scales stored, during the last K block's wgmmas; stream-K's
             # owner holds a sharer's partial beside the sum, and there the scales would spill
-            self.scales = self.tile_scales(warpgroup, tile_m, tile_n)
+            self.row_scales = self.tile_scales(warpgroup, tile_m, tile_n)
         # Hopper's flush: the accumulator is final only now, and the piece's last slot is free
         self.wgmma.wait_group(0)
         self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
@@ -358,22 +366,32 @@ class HopperMatmulV10(tilus.Script):
 
     def scale_views(self, ptr_a: void_p, a_0: int32, a_1: int32, ptr_b: void_p, b_0: int32, b_1: int32,
                     rows_a: int32, rows_b: int32):
-        """A scale per row of the kernel's A and per row of its B (its C's columns); a per-tensor scale
-        is a row-wise one whose stride is 0."""
+        """A scale per row of the kernel's A and per row of its B (its C's columns). A per-tensor scale
+        is a row-wise one whose stride is 0; where both strides are 0, `scaled` takes their product."""
         self.g_scale_rows = self.global_view(ptr_a, dtype=float32, shape=[rows_a, 1], strides=[a_0, 1])
         self.g_scale_cols = self.global_view(ptr_b, dtype=float32, shape=[1, rows_b], strides=[1, b_0])
+        per_tensor: boolean = a_0 == 0 and b_0 == 0
+        self.per_tensor = per_tensor
 
     def tile_scales(self, warpgroup: int, tile_m: int32, tile_n: int32):
-        """This warpgroup's row scales and the tile's column scales."""
+        """This warpgroup's row scales; the tile's column scales, loaded as the piece began, go to shared memory."""
         rows = self.load_global(self.g_scale_rows, offsets=[self.block_m * tile_m + warpgroup * self.consumer_m, 0],
                                 shape=[self.consumer_m, 1])
-        cols = self.load_global(self.g_scale_cols, offsets=[0, self.block_n * tile_n], shape=[1, self.block_n])
-        return rows, cols
+        self.store_shared(self.s_scale_cols[warpgroup], self.cols_ahead)
+        self.sync()  # this warpgroup's named barrier: every column scale is in place
+        return rows
 
     def scaled(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32) -> RegisterTensor:
-        """The tile's fp32 sums times the outer product of its rows' and its columns' scales."""
-        rows, cols = self.tile_scales(warpgroup, tile_m, tile_n) if self.stream_k else self.scales
-        return acc * rows * cols
+        """The tile's fp32 sums times one scale (per-tensor), or the outer product of its rows' and columns'."""
+        rows = self.tile_scales(warpgroup, tile_m, tile_n) if self.stream_k else self.row_scales
+        if self.per_tensor:  # one multiply an element, not two
+            self.assign(acc, acc * self.scale)
+        else:
+            # 64 column scales a thread. From global memory each is a load with its own bounds check, while
+            # both consumers' tensor cores wait; from shared memory they are 32 vector loads
+            cols = self.load_shared(self.s_scale_cols[warpgroup])
+            self.assign(acc, acc * rows * cols)
+        return acc
 
     def epilogue(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
         """Registers -> swizzled boxes in shared memory -> global, a TMA store a box: through the warpgroup's

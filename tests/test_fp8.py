@@ -460,10 +460,11 @@ def every_schedule(scaling: str, m: int, n: int, k: int, seed: int):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("scaling", ["tensor", "block", "tensor promoted", "row promoted"])
+@pytest.mark.parametrize("scaling", ["tensor", "row", "block", "tensor promoted", "row promoted"])
 def test_every_schedule_matches_the_reference(scaling):
     # the tuner runs only the schedule it picks: every one of them here, with ragged M (for the
-    # 64-, 128- and 192-row tiles), ragged N and a partial last K block, into a NaN-poisoned C
+    # 64-, 128- and 192-row tiles), ragged N and a partial last K block, into a NaN-poisoned C.
+    # Per-tensor scales take one multiply an element, row-wise ones the column scales in shared memory
     for what, compiled, _, args, out, ref in every_schedule(scaling, 200, 1000, 2064, seed=3):
         out.fill_(math.nan)
         compiled.get_launch_func()(*args)

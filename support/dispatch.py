@@ -55,7 +55,6 @@ TUNE_WINDOW_S = 0.12  # one finalist's back-to-back window: hundreds of calls at
 TUNE_ROUNDS = 3  # each pass in rounds, a fresh random order each, so clock drift hits every schedule alike
 TUNE_TIE = 0.005  # back-to-back times this close, at least, are a tie, which the burst time breaks (see ranking)
 TUNE_SETS_MAX = 32  # operand sets rotated back to back, at most (tiny sizes would need thousands)
-SKINNY_M = 256  # the skinny class: M this small or smaller, and the weights (B) are the operand that costs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,25 +312,6 @@ def finalists(burst_ms: dict[int, float], count: int = TUNE_FINALISTS) -> list[i
     return sorted(burst_ms, key=burst_ms.get)[:count]
 
 
-def splits_skinny_m(schedule: dict, m: int) -> bool:
-    """Whether a schedule is a swapped tile narrower than a skinny call's M (its size bucket's).
-
-    A swapped tile puts the caller's M on its N, so ``block_n`` < M splits the tokens over
-    several tiles, and each of them reads the same rows of the weights again. Its burst can
-    still be the fastest (docs/reference.md, "How the schedule is picked"). Such a tile is
-    never a finalist (``finalist_candidates``).
-    """
-    m = bucket(m)
-    return bool(schedule.get("swap_ab")) and m <= SKINNY_M and schedule["block_n"] < m
-
-
-def finalist_candidates(burst_ms: dict[int, float], schedules: list[dict], m: int) -> dict[int, float]:
-    """The burst times of the schedules that may be finalists: all but the swapped tiles that split a skinny M
-    (``splits_skinny_m``), or all of them where none is left."""
-    eligible = {index: ms for index, ms in burst_ms.items() if not splits_skinny_m(schedules[index], m)}
-    return eligible or burst_ms
-
-
 def ranking(burst_ms: dict[int, float], loop_ms: dict[int, float],
             loop_spread_ms: dict[int, float] | None = None) -> list[Timed]:
     """Every schedule, the pick first: the finalists (those in ``loop_ms``) by their back-to-back time, the others
@@ -393,8 +373,7 @@ def rank_schedules(jit, launch_args: tuple, seed: int = 0, count: int = TUNE_FIN
     The burst pass times every schedule, TUNE_QUICK_RUNS runs each (L2 flushed before each
     run), in TUNE_ROUNDS rounds, every round in a fresh random order: the clock of a GPU
     coming up to its power cap moves within a pass, and a schedule timed all at once can
-    catch a dip that puts it far down the list. The finalists are the fastest there, leaving
-    out swapped tiles that split a skinny M (``finalist_candidates``). The back-to-back pass
+    catch a dip that puts it far down the list. The finalists are the fastest there. The back-to-back pass
     launches the finalists in turn for TUNE_WARM_UP_S, then gives each one window of about
     TUNE_WINDOW_S per round, TUNE_ROUNDS rounds in a fresh random order; a finalist's time is
     the median of its windows. The launches go on the default stream with addresses, as
@@ -416,8 +395,7 @@ def rank_schedules(jit, launch_args: tuple, seed: int = 0, count: int = TUNE_FIN
     burst_ms = {index: statistics.median(times) for index, times in burst.items()}
     del flush
 
-    schedules = [jit.schedules[index] for index in jit.valid_schedules]
-    chosen = finalists(finalist_candidates(burst_ms, schedules, launch_args[0]), count)
+    chosen = finalists(burst_ms, count)
     sets = loop_sets(launch_args)  # the tensors stay alive while the launches use their addresses
     arg_sets = [tuple(pointer(x) for x in args) for args in sets]
     per_call = {index: burst_ms[index] for index in chosen}

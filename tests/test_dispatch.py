@@ -49,25 +49,6 @@ def test_a_gap_within_the_windows_spread_is_level_and_the_burst_breaks_it():
     assert dispatch.ranking(burst, loop, {0: 0.0010, 1: 0.0005, 2: 0.0010})[0].index == 0
 
 
-def test_a_swapped_tile_that_splits_a_skinny_m_is_never_a_finalist():
-    swapped = {"block_m": 128, "block_n": 64, "swap_ab": True}
-    assert dispatch.splits_skinny_m(swapped, 128)  # two tiles over 128 tokens: the weights read twice
-    assert dispatch.splits_skinny_m(swapped, 100)  # its size bucket holds M up to 128
-    assert not dispatch.splits_skinny_m(swapped, 64)  # one tile holds every token
-    assert not dispatch.splits_skinny_m(swapped, 512)  # not skinny: left to the timing
-    assert not dispatch.splits_skinny_m({**swapped, "swap_ab": False}, 128)
-    # the swapped tile's burst is the fastest, but the finalists come from the others
-    burst = {0: 0.0520, 1: 0.0480, 2: 0.0500}
-    plain = {"block_m": 128, "block_n": 128, "swap_ab": False}
-    eligible = dispatch.finalist_candidates(burst, [plain, swapped, plain], 128)
-    assert eligible == {0: 0.0520, 2: 0.0500}
-    assert dispatch.finalists(eligible, 2) == [2, 0]
-    # where every schedule is such a tile, they all stay candidates
-    assert dispatch.finalist_candidates(burst, [swapped] * 3, 128) == burst
-    timed = dispatch.ranking(burst, {2: 0.0540, 0: 0.0543})
-    assert [t.index for t in timed] == [2, 0, 1]
-
-
 def test_a_level_finalist_whose_burst_ties_too_does_not_take_the_pick():
     # 256x14336x4096 on an H100: 128 x 224 alone, one noisy window (±0.0031), called level with the pairs; the
     # bursts 0.2% apart cannot break that tie, so the pairs' median stays the pick (0.0586 ms against 0.0618 in

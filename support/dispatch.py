@@ -373,11 +373,11 @@ def rank_schedules(jit, launch_args: tuple, seed: int = 0, count: int = TUNE_FIN
     The burst pass times every schedule, TUNE_QUICK_RUNS runs each (L2 flushed before each
     run), in TUNE_ROUNDS rounds, every round in a fresh random order: the clock of a GPU
     coming up to its power cap moves within a pass, and a schedule timed all at once can
-    catch a dip that puts it far down the list. The finalists are the fastest there. The back-to-back pass
-    launches the finalists in turn for TUNE_WARM_UP_S, then gives each one window of about
-    TUNE_WINDOW_S per round, TUNE_ROUNDS rounds in a fresh random order; a finalist's time is
-    the median of its windows. The launches go on the default stream with addresses, as
-    ``run`` makes them.
+    catch a dip that puts it far down the list. The finalists are the fastest there. The
+    back-to-back pass launches the finalists in turn for TUNE_WARM_UP_S, then gives each one
+    window of about TUNE_WINDOW_S per round, TUNE_ROUNDS rounds in a fresh random order; a
+    finalist's time is the median of its windows. The launches go on the default stream with
+    addresses, as ``run`` makes them.
     """
     a, b = launch_args[3], launch_args[4]
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")

@@ -84,6 +84,16 @@ def test_one_version_table_has_both_regimes_with_clock_and_host_cost(tmp_path):
     assert "NVIDIA H100 80GB HBM3" in table and "Measured 2026-11-22" in table
 
 
+def test_one_version_table_gives_the_energy_of_a_gemm_beside_cublas(tmp_path):
+    source = tmp_path / "h100.csv"
+    energy = {("v1", "0.31"): ("0.64", "197"), ("cublas", "0.19"): ("1.05", "131")}
+    write_fixture(source, [r | dict(zip(("tflops_per_w", "mj_per_gemm"), energy[r["version"], r["ms"]]))
+                           if (r["version"], r["ms"]) in energy else r for r in ROWS])
+    table = plot.results_table(plot.read_rows(source), ["v1"])
+    assert "| square | 4096x4096x4096 | 0.64 (197 mJ) | 1.05 (131 mJ) |" in table
+    assert table.index("| square | 4096x4096x4096 | burst |") < table.index("**energy, back-to-back**")
+
+
 def test_tables_are_rewritten_between_markers(tmp_path):
     write_fixture(tmp_path / "h100.csv")
     doc = tmp_path / "page.md"

@@ -23,7 +23,8 @@ weights (nothing is downloaded), and a copy with every eligible ``nn.Linear`` sw
 With an fp8 version (``--version v11``: block-wise scales; ``v10``: row-wise) the copy's
 Linears are ``fp8_torch.Fp8Linear``s (the LM head stays bf16), and a third model runs the same
 Fp8Linears through ``torch._scaled_mm`` (the peer); the logits of each are compared with the
-bf16 model's. ``--quant`` times the activation quantizer alone instead, at prefill shapes.
+bf16 model's. ``--quant`` times the activation quantizer instead, at prefill shapes, alone and
+back to back (replayed from CUDA graphs, as the compiled model runs it).
 
 Rows are merged into results/<gpu>_model.csv (a row per run, backend, scenario and mode) and
 results/<gpu>_quant.csv; ``python plot.py`` writes docs/torch.md's tables from them.
@@ -58,8 +59,11 @@ FIELDS = ["gpu", "model", "run", "backend", "scenario", "mode", "ms", "tokens_pe
           "gemm_share", "logits_rel_err", "top1_agree", "graph_breaks", "torch", "transformers", "date"]
 # the activation quantizer at prefill: 2048 tokens into the layers' GEMMs (M x N x K): q/o, gate/up, down
 QUANT_SIZES = [(2048, 4096, 4096), (2048, 14336, 4096), (2048, 4096, 14336)]
-QUANT_FIELDS = ["gpu", "version", "scaling", "granularity", "m", "n", "k", "quant_ms", "quant_tb_s", "pct_of_bandwidth",
-                "copy_ms", "gemm_ms", "pct_of_gemm", "x8_mismatch", "scale_max_rel_diff", "torch", "date"]
+QUANT_FIELDS = ["gpu", "version", "scaling", "granularity", "m", "n", "k", "regime", "quant_ms", "quant_spread_pct",
+                "host_us", "quant_tb_s", "pct_of_bandwidth", "copy_ms", "gemm_ms", "pct_of_gemm", "x8_mismatch",
+                "scale_max_rel_diff", "torch", "date"]
+QUANT_KEY = ("version", "scaling", "m", "n", "k", "regime")
+GRAPH_PASSES = 4  # passes over the rotated inputs in each CUDA graph the quantizer's back-to-back regime replays
 
 
 def build(layers: int):
@@ -189,9 +193,11 @@ def build_models(reference, version: str, scaling: str | None) -> dict:
 
 
 def time_quantizer(version: str, scaling: str | None, repeat: int) -> list[dict]:
-    """The activation quantizer at the prefill GEMMs' shapes: its GPU time alone (burst: L2 flushed, launches queued
-    ahead), its bytes (bf16 read, e4m3 and scales written) against a device-to-device copy's bandwidth, and
-    against the time of the GEMM it feeds; with how far its output is from ``scaled.quantize``'s."""
+    """The activation quantizer at the prefill GEMMs' shapes, in both regimes: alone (burst: L2 flushed, launches
+    queued ahead) and in a loop (back to back, replayed from CUDA graphs: ``loop_quantizer``). Its bytes (bf16
+    read, e4m3 and scales written) against a device-to-device copy's bandwidth, and its time against the GEMM it
+    feeds and a copy of its input, timed the same way; the host µs of an eager call; and how far its output is
+    from ``scaled.quantize``'s."""
     scaling = scaling or fp8_torch.scalings(version)[0]
     granularity = fp8_torch.ACTIVATION[scaling]
     matmul = importlib.import_module(f"matmul_{version}").matmul
@@ -207,22 +213,58 @@ def time_quantizer(version: str, scaling: str | None, repeat: int) -> list[dict]
         mismatch = (a8.view(torch.uint8) != r8.view(torch.uint8)).float().mean().item()
         scale_diff = ((scale_a - r_scale).abs() / r_scale).max().item()
         out, copied = torch.empty(m, n, dtype=torch.bfloat16, device="cuda"), torch.empty_like(x)
-        ms = measure.time_burst({"quantize": lambda: fp8_torch.quantize_activations(x, granularity),
-                                 "copy": lambda: copied.copy_(x),
-                                 "gemm": lambda: matmul(a8, b8, scale_a, scale_b, out)}, repeat)
+        burst = measure.time_burst({"quantize": lambda: fp8_torch.quantize_activations(x, granularity),
+                                    "copy": lambda: copied.copy_(x),
+                                    "gemm": lambda: matmul(a8, b8, scale_a, scale_b, out)}, repeat)
         moved = x.numel() * (2 + 1) + scale_a.numel() * 4  # bf16 read; e4m3 and float32 scales written
-        rows.append({"gpu": torch.cuda.get_device_name(), "version": version, "scaling": scaling,
-                     "granularity": granularity, "m": m, "n": n, "k": k, "quant_ms": f"{ms['quantize']:.5f}",
-                     "quant_tb_s": f"{moved / (ms['quantize'] * 1e-3) / 1e12:.3f}",
-                     "pct_of_bandwidth": f"{100 * moved / (ms['quantize'] * 1e-3) / copy_bytes_per_s:.1f}",
-                     "copy_ms": f"{ms['copy']:.5f}", "gemm_ms": f"{ms['gemm']:.5f}",
-                     "pct_of_gemm": f"{100 * ms['quantize'] / ms['gemm']:.1f}", "x8_mismatch": f"{mismatch:.2e}",
-                     "scale_max_rel_diff": f"{scale_diff:.2e}", "torch": torch.__version__,
-                     "date": datetime.date.today().isoformat()})
-        print(f"{m}x{n}x{k} {granularity}: quantize {ms['quantize'] * 1e3:.1f} us ({rows[-1]['pct_of_bandwidth']}% of "
-              f"the copy bandwidth, {rows[-1]['pct_of_gemm']}% of the {version} GEMM's {ms['gemm'] * 1e3:.1f} us); "
-              f"e4m3 values unlike scaled.quantize's: {mismatch:.2e}", flush=True)
+        looped, looped_spread, host_us = loop_quantizer(matmul, granularity, x, b8, scale_b)
+        for regime, ms, spread in [("burst", burst, None), ("back-to-back", looped, looped_spread)]:
+            rows.append({"gpu": torch.cuda.get_device_name(), "version": version, "scaling": scaling,
+                         "granularity": granularity, "m": m, "n": n, "k": k, "regime": regime,
+                         "quant_ms": f"{ms['quantize']:.5f}", "host_us": f"{host_us:.1f}",
+                         "quant_spread_pct": "" if spread is None else f"{spread:.1f}",
+                         "quant_tb_s": f"{moved / (ms['quantize'] * 1e-3) / 1e12:.3f}",
+                         "pct_of_bandwidth": f"{100 * moved / (ms['quantize'] * 1e-3) / copy_bytes_per_s:.1f}",
+                         "copy_ms": f"{ms['copy']:.5f}", "gemm_ms": f"{ms['gemm']:.5f}",
+                         "pct_of_gemm": f"{100 * ms['quantize'] / ms['gemm']:.1f}", "x8_mismatch": f"{mismatch:.2e}",
+                         "scale_max_rel_diff": f"{scale_diff:.2e}", "torch": torch.__version__,
+                         "date": datetime.date.today().isoformat()})
+            print(f"{m}x{n}x{k} {granularity} {regime}: quantize {ms['quantize'] * 1e3:.1f} us "
+                  f"({rows[-1]['pct_of_bandwidth']}% of the copy bandwidth, {rows[-1]['pct_of_gemm']}% of the "
+                  f"{version} GEMM's {ms['gemm'] * 1e3:.1f} us); e4m3 values unlike scaled.quantize's: {mismatch:.2e}",
+                  flush=True)
     return rows
+
+
+def loop_quantizer(matmul, granularity: str, x: torch.Tensor, b8: torch.Tensor,
+                   scale_b: torch.Tensor) -> tuple[dict[str, float], float, float]:
+    """Back to back as a compiled model runs them: the quantizer, a copy of x and the GEMM, each captured in a CUDA
+    graph of calls over inputs (and weights) rotated past L2, the graphs replayed in bench's windows, in a fresh
+    random order each round. Median ms per call of each, the quantizer's spread (% of its median, max - min over
+    the rounds), and the host µs an eager call of the quantizer's entry point costs (bench.host_us)."""
+    set_bytes = x.numel() * 3 + b8.numel()  # x, its e4m3 copy and the weights: each set has its own
+    xs = [x.clone().normal_() for _ in range(max(2, -(-bench.L2_ROTATION_BYTES // set_bytes)))]
+    sets = [((a, *fp8_torch.quantize_activations(a, granularity)), (b8.clone(), scale_b.clone())) for a in xs]
+    steps = {"quantize": lambda a, b, _out: fp8_torch.quantize_activations(a[0], granularity),
+             "copy": lambda a, b, _out: a[0].clone(),
+             "gemm": lambda a, b, _out: matmul(a[1], b[0], a[2], b[1])}
+    calls = len(sets) * GRAPH_PASSES
+    graphs = {}
+    for name, step in steps.items():
+        for a, b in sets:  # built and tuned before the capture: tuning is never captured
+            step(a, b, None)
+        torch.cuda.synchronize()
+        graphs[name] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[name]):
+            for a, b in sets * GRAPH_PASSES:
+                step(a, b, None)
+    contenders = [bench.Contender(name, lambda _a, _b, _out, graph=graph: graph.replay())
+                  for name, graph in graphs.items()]
+    rounds = bench.time_back_to_back(contenders, [(None, None)], {c.name: bench.Telemetry(None) for c in contenders})
+    ms = {name: bench.median_ms(r) / calls for name, r in rounds.items()}
+    times = [window for (window,) in rounds["quantize"]]
+    host = bench.host_us([bench.Contender("quantize", steps["quantize"])], sets, {"quantize": ms["quantize"]})
+    return ms, 100 * (max(times) - min(times)) / statistics.median(times), host["quantize"]
 
 
 def save(rows: list[dict], path, fields=FIELDS, key_fields=("run", "backend", "scenario", "mode")) -> None:
@@ -232,7 +274,8 @@ def save(rows: list[dict], path, fields=FIELDS, key_fields=("run", "backend", "s
     kept = []
     if os.path.exists(path):
         with open(path) as f:
-            kept = [{"run": "v9"} | row if fields is FIELDS else row for row in csv.DictReader(f)]
+            # rows from before a column existed: the model's are v9's, the quantizer's were timed in a burst
+            kept = [({"run": "v9"} if fields is FIELDS else {"regime": "burst"}) | row for row in csv.DictReader(f)]
         kept = [row for row in kept if key(row) not in new]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
@@ -274,8 +317,7 @@ def main(argv=None) -> int:
         if not fp8_torch.is_fp8(args.version):
             parser.error(f"--quant times the fp8 activation quantizer: pass an fp8 --version, not {args.version}")
         path = args.out or cli.RESULTS_DIR / f"{gpu.gpu_label()}_quant.csv"
-        save(time_quantizer(args.version, args.scaling, args.repeat), path, QUANT_FIELDS,
-             ("version", "scaling", "m", "n", "k"))
+        save(time_quantizer(args.version, args.scaling, args.repeat), path, QUANT_FIELDS, QUANT_KEY)
         provenance.record_measured(args.version, path)
         return 0
     import transformers

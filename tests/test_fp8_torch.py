@@ -228,6 +228,23 @@ def test_a_run_does_not_replace_another_runs_rows(tmp_path):
     assert [(r["run"], r["backend"]) for r in rows] == [("v9", "cublas"), ("v11", "cublas")]
 
 
+def test_a_back_to_back_quantizer_row_does_not_replace_a_burst_one(tmp_path):
+    import model_llama
+
+    path = tmp_path / "quant.csv"
+    legacy = [f for f in model_llama.QUANT_FIELDS if f not in ("regime", "quant_spread_pct", "host_us")]
+    key = {"version": "v11", "scaling": "block", "m": "2048", "n": "4096", "k": "4096"}
+    with path.open("w", newline="") as f:  # a CSV from before the regime column: burst rows
+        writer = csv.DictWriter(f, fieldnames=legacy)
+        writer.writeheader()
+        writer.writerow({field: "" for field in legacy} | key | {"quant_ms": "0.015"})
+    looped = {field: "" for field in model_llama.QUANT_FIELDS} | key | {"regime": "back-to-back", "quant_ms": "0.012"}
+    model_llama.save([looped], path, model_llama.QUANT_FIELDS, model_llama.QUANT_KEY)
+    model_llama.save([looped | {"quant_ms": "0.011"}], path, model_llama.QUANT_FIELDS, model_llama.QUANT_KEY)
+    rows = list(csv.DictReader(path.open()))
+    assert [(r["regime"], r["quant_ms"]) for r in rows] == [("burst", "0.015"), ("back-to-back", "0.011")]
+
+
 def model_rows() -> list[dict]:
     common = {"gpu": "NVIDIA H100 80GB HBM3", "model": "Llama-3-8B layers x 2", "torch": "2.11", "transformers": "5",
               "date": "2026-11-27", "graph_breaks": "0", "pct_spread": "1.0"}
@@ -259,9 +276,13 @@ def test_each_run_has_its_table():
              "n": "4096", "k": "4096", "quant_ms": "0.0123", "quant_tb_s": "1.700", "pct_of_bandwidth": "81.2",
              "copy_ms": "0.0160", "gemm_ms": "0.0912",
              "pct_of_gemm": "13.5", "x8_mismatch": "1.0e-06", "torch": "2.11", "date": "2026-11-27"}
-    # a copy of x moves 4 x 2048 x 4096 bytes in 16.0 µs: 2.097 TB/s, of which 1.700 is 81.1%
-    assert "| 1x128 (v11) | 2048 x 4096 | 2048x4096x4096 | 12.3 | 81.2% | 16.0 | 81.1% | 91.2 | 13.5% |" in \
-        plot.quant_table([quant])
+    # a copy of x moves 4 x 2048 x 4096 bytes in 16.0 µs: 2.097 TB/s, of which 1.700 is 81.1%; a row from before the
+    # regime column was timed in a burst
+    assert "| 1x128 (v11) | 2048 x 4096 | 2048x4096x4096 | burst | 12.3 | 81.2% | 16.0 | 81.1% | 91.2 | 13.5% | - |" \
+        in plot.quant_table([quant])
+    looped = quant | {"regime": "back-to-back", "quant_spread_pct": "1.4", "host_us": "19.5"}
+    assert "| 2048x4096x4096 | back-to-back | 12.3 ±0.7% | 81.2% |" in plot.quant_table([quant, looped])
+    assert "| 13.5% | 19.5 |" in plot.quant_table([quant, looped])
 
 
 # --- on a GPU -------------------------------------------------------------------------------------------

@@ -242,8 +242,9 @@ def loop_quantizer(matmul, granularity: str, x: torch.Tensor, b8: torch.Tensor,
     graph of calls over inputs (and weights) rotated past L2, the graphs replayed in bench's windows, in a fresh
     random order each round. Median ms per call of each, the quantizer's spread (% of its median, max - min over
     the rounds), and the host µs an eager call of the quantizer's entry point costs (bench.host_us)."""
-    set_bytes = x.numel() * 3 + b8.numel()  # x, its e4m3 copy and the weights: each set has its own
-    xs = [x.clone().normal_() for _ in range(max(2, -(-bench.L2_ROTATION_BYTES // set_bytes)))]
+    # enough sets that a pass of the quantizer alone reads L2_ROTATION_BYTES of x (its outputs may reuse one buffer);
+    # the GEMM's sets (x's e4m3 copy and the weights, each set its own) are larger still
+    xs = [x.clone().normal_() for _ in range(max(2, -(-bench.L2_ROTATION_BYTES // (2 * x.numel()))))]
     sets = [((a, *fp8_torch.quantize_activations(a, granularity)), (b8.clone(), scale_b.clone())) for a in xs]
     steps = {"quantize": lambda a, b, _out: fp8_torch.quantize_activations(a[0], granularity),
              "copy": lambda a, b, _out: a[0].clone(),

@@ -239,26 +239,27 @@ def time_quantizer(version: str, scaling: str | None, repeat: int) -> list[dict]
 def loop_quantizer(matmul, granularity: str, x: torch.Tensor, b8: torch.Tensor,
                    scale_b: torch.Tensor) -> tuple[dict[str, float], float, float]:
     """Back to back as a compiled model runs them: the quantizer, a copy of x and the GEMM, each captured in a CUDA
-    graph of calls over inputs (and weights) rotated past L2, the graphs replayed in bench's windows, in a fresh
-    random order each round. Median ms per call of each, the quantizer's spread (% of its median, max - min over
-    the rounds), and the host µs an eager call of the quantizer's entry point costs (bench.host_us)."""
-    # enough sets that a pass of the quantizer alone reads L2_ROTATION_BYTES of x (its outputs may reuse one buffer);
-    # the GEMM's sets (x's e4m3 copy and the weights, each set its own) are larger still
+    graph of calls over inputs (and weights) rotated past L2, each call writing outputs of its own, the graphs
+    replayed in bench's windows, in a fresh random order each round. Median ms per call of each, the quantizer's
+    spread (% of its median, max - min over the rounds), and the host µs an eager call of the quantizer's entry
+    point costs (bench.host_us)."""
+    # enough sets that a pass of the quantizer alone reads L2_ROTATION_BYTES of x; the GEMM's sets (x's e4m3 copy
+    # and the weights, each set its own) are larger still
     xs = [x.clone().normal_() for _ in range(max(2, -(-bench.L2_ROTATION_BYTES // (2 * x.numel()))))]
     sets = [((a, *fp8_torch.quantize_activations(a, granularity)), (b8.clone(), scale_b.clone())) for a in xs]
     steps = {"quantize": lambda a, b, _out: fp8_torch.quantize_activations(a[0], granularity),
              "copy": lambda a, b, _out: a[0].clone(),
              "gemm": lambda a, b, _out: matmul(a[1], b[0], a[2], b[1])}
     calls = len(sets) * GRAPH_PASSES
-    graphs = {}
+    graphs, outputs = {}, {}
     for name, step in steps.items():
         for a, b in sets:  # built and tuned before the capture: tuning is never captured
             step(a, b, None)
         torch.cuda.synchronize()
         graphs[name] = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graphs[name]):
-            for a, b in sets * GRAPH_PASSES:
-                step(a, b, None)
+            # each call's outputs kept: the graph gives every call its own, so outputs rotate past L2 as inputs do
+            outputs[name] = [step(a, b, None) for a, b in sets * GRAPH_PASSES]
     contenders = [bench.Contender(name, lambda _a, _b, _out, graph=graph: graph.replay())
                   for name, graph in graphs.items()]
     rounds = bench.time_back_to_back(contenders, [(None, None)], {c.name: bench.Telemetry(None) for c in contenders})

@@ -602,7 +602,7 @@ def quant_table(rows: list[dict]) -> str:
     gib_copy_tb_s = float(first["quant_tb_s"]) / (float(first["pct_of_bandwidth"]) / 100)
     lines += ["", f"{first['gpu']}, {first['date']}, torch {first['torch']}. Burst: each launch alone, L2 flushed, "
               "median of the burst's runs. Back to back: as a compiled model runs them, each captured in a CUDA graph of "
-              "calls over inputs (and weights) rotated past L2, replayed in ~1-s windows, the three in a fresh "
+              "calls over inputs (and weights) rotated past L2, each call writing outputs of its own, replayed in ~1-s windows, the three in a fresh "
               "random order each of 3 rounds, after 2 s of load: the median, ± half the quantizer's spread over the "
               "rounds. The GEMM and the copy of x are timed the same way as the quantizer in each row. Host µs: the "
               "CPU time of one eager call of the quantizer's entry point, queued with no sync. Bytes: the bf16 input read (2 an element), the e4m3 output (1) and the "

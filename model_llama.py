@@ -251,17 +251,12 @@ def loop_quantizer(matmul, granularity: str, x: torch.Tensor, b8: torch.Tensor,
              "copy": lambda a, b, _out: a[0].clone(),
              "gemm": lambda a, b, _out: matmul(a[1], b[0], a[2], b[1])}
     calls = len(sets) * GRAPH_PASSES
-    graphs, outputs = {}, {}
-    for name, step in steps.items():
-        for a, b in sets:  # built and tuned before the capture: tuning is never captured
-            step(a, b, None)
-        torch.cuda.synchronize()
-        graphs[name] = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graphs[name]):
-            # each call's outputs kept: the graph gives every call its own, so outputs rotate past L2 as inputs do
-            outputs[name] = [step(a, b, None) for a, b in sets * GRAPH_PASSES]
-    contenders = [bench.Contender(name, lambda _a, _b, _out, graph=graph: graph.replay())
-                  for name, graph in graphs.items()]
+    # a graph of every call's outputs kept (graphed keeps them alive): each call gets its own, so outputs rotate
+    # past L2 as inputs do
+    replays = {name: graphed(lambda step=step: [step(a, b, None) for a, b in sets * GRAPH_PASSES])
+               for name, step in steps.items()}
+    contenders = [bench.Contender(name, lambda _a, _b, _out, replay=replay: replay())
+                  for name, replay in replays.items()]
     rounds = bench.time_back_to_back(contenders, [(None, None)], {c.name: bench.Telemetry(None) for c in contenders})
     ms = {name: bench.median_ms(r) / calls for name, r in rounds.items()}
     times = [window for (window,) in rounds["quantize"]]

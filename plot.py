@@ -601,12 +601,13 @@ def quant_table(rows: list[dict]) -> str:
     worst = max(float(r["x8_mismatch"]) for r in rows)
     gib_copy_tb_s = float(first["quant_tb_s"]) / (float(first["pct_of_bandwidth"]) / 100)
     lines += ["", f"{first['gpu']}, {first['date']}, torch {first['torch']}. Burst: each launch alone, L2 flushed, "
-              "median of the burst's runs. Back to back: as a compiled model runs them, each captured in a CUDA graph of "
-              "calls over inputs (and weights) rotated past L2, each call writing outputs of its own, replayed in ~1-s windows, the three in a fresh "
-              "random order each of 3 rounds, after 2 s of load: the median, ± half the quantizer's spread over the "
-              "rounds. The GEMM and the copy of x are timed the same way as the quantizer in each row. Host µs: the "
-              "CPU time of one eager call of the quantizer's entry point, queued with no sync. Bytes: the bf16 input read (2 an element), the e4m3 output (1) and the "
-              "float32 scales written. Copy bandwidth: a 1-GiB device-to-device copy's in the same run, "
+              "median of the burst's runs. Back to back: as a compiled model runs them, each captured in a CUDA graph "
+              "of calls over inputs (and weights) rotated past L2, each call writing outputs of its own, replayed in "
+              "~1-s windows, the three in a fresh random order each of 3 rounds, after 2 s of load: the median, ± half "
+              "the quantizer's spread over the rounds. The GEMM and the copy of x are timed the same way as the "
+              "quantizer in each row. Host µs: the CPU time of one eager call of the quantizer's entry point, queued "
+              "with no sync. Bytes: the bf16 input read (2 an element), the e4m3 output (1) and the float32 scales "
+              "written. Copy bandwidth: a 1-GiB device-to-device copy's in the same run, "
               f"{gib_copy_tb_s:.2f} TB/s (bytes read and written); a copy of x moves 4 bytes an element. Largest "
               f"share of e4m3 values unlike scaled.quantize's: {worst:.1e}; largest relative difference of a scale "
               f"from its: {max(float(r.get('scale_max_rel_diff') or 0) for r in rows):.1e}."]

@@ -23,8 +23,9 @@ weights (nothing is downloaded), and a copy with every eligible ``nn.Linear`` sw
 With an fp8 version (``--version v11``: block-wise scales; ``v10``: row-wise) the copy's
 Linears are ``fp8_torch.Fp8Linear``s (the LM head stays bf16), and a third model runs the same
 Fp8Linears through ``torch._scaled_mm`` (the peer); the logits of each are compared with the
-bf16 model's. ``--quant`` times the activation quantizer instead, at prefill shapes, alone and
-back to back (replayed from CUDA graphs, as the compiled model runs it).
+bf16 model's. ``--quant`` times the activation quantizer instead, at prefill shapes, alone,
+back to back (replayed from CUDA graphs, as the compiled model runs it), and in the compiled
+model's prefill (kernel times from torch.profiler).
 
 Rows are merged into results/<gpu>_model.csv (a row per run, backend, scenario and mode) and
 results/<gpu>_quant.csv; ``python plot.py`` writes docs/torch.md's tables from them.
@@ -64,6 +65,11 @@ QUANT_FIELDS = ["gpu", "version", "scaling", "granularity", "m", "n", "k", "regi
                 "scale_max_rel_diff", "torch", "date"]
 QUANT_KEY = ("version", "scaling", "m", "n", "k", "regime")
 GRAPH_PASSES = 4  # passes over the rotated inputs in each CUDA graph the quantizer's back-to-back regime replays
+# the quantizer in the model: a layer's Fp8Linears in call order (q, k, v, o, gate, up, down), one quantizer and one
+# GEMM each; the one timed at each QUANT_SIZES shape: o (its x, attention's output), gate (the second norm's), down
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+IN_MODEL = dict(zip(QUANT_SIZES, ("o", "gate", "down")))
+IN_MODEL_LAYERS = 4
 
 
 def build(layers: int):
@@ -193,13 +199,14 @@ def build_models(reference, version: str, scaling: str | None) -> dict:
 
 
 def time_quantizer(version: str, scaling: str | None, repeat: int) -> list[dict]:
-    """The activation quantizer at the prefill GEMMs' shapes, in both regimes: alone (burst: L2 flushed, launches
-    queued ahead) and in a loop (back to back, replayed from CUDA graphs: ``loop_quantizer``). Its bytes (bf16
-    read, e4m3 and scales written) against a device-to-device copy's bandwidth, and its time against the GEMM it
-    feeds and a copy of its input, timed the same way; the host µs of an eager call; and how far its output is
-    from ``scaled.quantize``'s."""
+    """The activation quantizer at the prefill GEMMs' shapes, in three regimes: alone (burst: L2 flushed, launches
+    queued ahead), in a loop (back to back, replayed from CUDA graphs: ``loop_quantizer``) and in the compiled
+    model's prefill (``quantizer_in_model``: no copy of x there). Its bytes (bf16 read, e4m3 and scales written)
+    against a device-to-device copy's bandwidth, and its time against the GEMM it feeds and a copy of its input,
+    timed the same way; the host µs of an eager call; and how far its output is from ``scaled.quantize``'s."""
     scaling = scaling or fp8_torch.scalings(version)[0]
     granularity = fp8_torch.ACTIVATION[scaling]
+    in_model = quantizer_in_model(version, scaling)
     matmul = importlib.import_module(f"matmul_{version}").matmul
     copy_bytes_per_s = bench.copy_bandwidth()
     print(f"device-to-device copy: {copy_bytes_per_s / 1e12:.2f} TB/s (bytes read + written)", flush=True)
@@ -218,14 +225,18 @@ def time_quantizer(version: str, scaling: str | None, repeat: int) -> list[dict]
                                     "gemm": lambda: matmul(a8, b8, scale_a, scale_b, out)}, repeat)
         moved = x.numel() * (2 + 1) + scale_a.numel() * 4  # bf16 read; e4m3 and float32 scales written
         looped, looped_spread, host_us = loop_quantizer(matmul, granularity, x, b8, scale_b)
-        for regime, ms, spread in [("burst", burst, None), ("back-to-back", looped, looped_spread)]:
+        quant_us, gemm_us = in_model[m, n, k]
+        in_the_model = {"quantize": statistics.median(quant_us) / 1e3, "gemm": statistics.median(gemm_us) / 1e3}
+        model_spread = 100 * (max(quant_us) - min(quant_us)) / statistics.median(quant_us)
+        for regime, ms, spread in [("burst", burst, None), ("back-to-back", looped, looped_spread),
+                                   ("in the model", in_the_model, model_spread)]:
             rows.append({"gpu": torch.cuda.get_device_name(), "version": version, "scaling": scaling,
                          "granularity": granularity, "m": m, "n": n, "k": k, "regime": regime,
                          "quant_ms": f"{ms['quantize']:.5f}", "host_us": f"{host_us:.1f}",
                          "quant_spread_pct": "" if spread is None else f"{spread:.1f}",
                          "quant_tb_s": f"{moved / (ms['quantize'] * 1e-3) / 1e12:.3f}",
                          "pct_of_bandwidth": f"{100 * moved / (ms['quantize'] * 1e-3) / copy_bytes_per_s:.1f}",
-                         "copy_ms": f"{ms['copy']:.5f}", "gemm_ms": f"{ms['gemm']:.5f}",
+                         "copy_ms": f"{ms['copy']:.5f}" if "copy" in ms else "", "gemm_ms": f"{ms['gemm']:.5f}",
                          "pct_of_gemm": f"{100 * ms['quantize'] / ms['gemm']:.1f}", "x8_mismatch": f"{mismatch:.2e}",
                          "scale_max_rel_diff": f"{scale_diff:.2e}", "torch": torch.__version__,
                          "date": datetime.date.today().isoformat()})
@@ -234,6 +245,42 @@ def time_quantizer(version: str, scaling: str | None, repeat: int) -> list[dict]
                   f"{version} GEMM's {ms['gemm'] * 1e3:.1f} us); e4m3 values unlike scaled.quantize's: {mismatch:.2e}",
                   flush=True)
     return rows
+
+
+def quantizer_in_model(version: str, scaling: str) -> dict[tuple[int, int, int], tuple[list[float], list[float]]]:
+    """The quantizer and the GEMM it feeds as the compiled fp8 model's prefill runs them, x written by the op just
+    before (partly still in L2): {QUANT_SIZES shape: (quantizer µs, GEMM µs) in each of IN_MODEL_LAYERS layers},
+    from torch.profiler's kernel times of one prefill of 1 x 2048 tokens after three warm-up calls (``IN_MODEL``:
+    which projection at which shape)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    config, model = build(IN_MODEL_LAYERS)
+    torch_op.swap_linears(model, version, scaling=scaling)
+    call, _ = step(torch.compile(model, fullgraph=True, dynamic=False), config, "prefill 1x2048")
+    with torch.no_grad():
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            call()
+            torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    # tilus' own: Inductor's kernels that feed a quantizer have 'quantize' in their names too
+    quantizers = [e.time_range.elapsed_us() for e in kernels if e.name.startswith("tilus_quantize")]
+    gemms = [e.time_range.elapsed_us() for e in kernels if f"matmul_{version}" in e.name.lower()]
+    return layer_pairs(quantizers, gemms, IN_MODEL_LAYERS)
+
+
+def layer_pairs(quantizers: list[float], gemms: list[float], layers: int) -> dict[tuple, tuple[list, list]]:
+    """Kernel times in launch order, a layer's PROJECTIONS after another's -> {QUANT_SIZES shape: (its projection's
+    quantizer times, its GEMM times), a time a layer}."""
+    expected = layers * len(PROJECTIONS)
+    if len(quantizers) != expected or len(gemms) != expected:
+        raise RuntimeError(f"the profiled prefill ran {len(quantizers)} quantizers and {len(gemms)} fp8 GEMMs, not "
+                           f"{expected} of each ({len(PROJECTIONS)} Linears in each of {layers} layers)")
+    at = {size: PROJECTIONS.index(name) for size, name in IN_MODEL.items()}
+    return {size: (quantizers[i::len(PROJECTIONS)], gemms[i::len(PROJECTIONS)]) for size, i in at.items()}
 
 
 def loop_quantizer(matmul, granularity: str, x: torch.Tensor, b8: torch.Tensor,

@@ -283,6 +283,24 @@ def test_each_run_has_its_table():
     looped = quant | {"regime": "back-to-back", "quant_spread_pct": "1.4", "host_us": "19.5"}
     assert "| 2048x4096x4096 | back-to-back | 12.3 ±0.7% | 81.2% |" in plot.quant_table([quant, looped])
     assert "| 13.5% | 19.5 |" in plot.quant_table([quant, looped])
+    in_model = quant | {"regime": "in the model", "quant_spread_pct": "4.0", "copy_ms": ""}
+    assert "| in the model | 12.3 ±2.0% | 81.2% | - | - | 91.2 | 13.5% | - |" in plot.quant_table([quant, in_model])
+    assert "In the model: one prefill" in plot.quant_table([quant, in_model])
+    assert "In the model" not in plot.quant_table([quant, looped])
+
+
+def test_the_model_pairs_each_projection_with_its_own_quantizer_and_gemm():
+    import model_llama
+
+    # two layers' kernel times in launch order: a layer's q, k, v, o, gate, up, down, each tagged by its place
+    quantizers = [10 * layer + i for layer in range(2) for i in range(7)]
+    gemms = [100 + q for q in quantizers]
+    pairs = model_llama.layer_pairs(quantizers, gemms, 2)
+    assert pairs[2048, 4096, 4096] == ([3, 13], [103, 113])  # o
+    assert pairs[2048, 14336, 4096] == ([4, 14], [104, 114])  # gate
+    assert pairs[2048, 4096, 14336] == ([6, 16], [106, 116])  # down
+    with pytest.raises(RuntimeError, match="ran 13 quantizers and 14 fp8 GEMMs, not 14 of each"):
+        model_llama.layer_pairs(quantizers[:-1], gemms, 2)
 
 
 # --- on a GPU -------------------------------------------------------------------------------------------

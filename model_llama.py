@@ -154,14 +154,19 @@ def ms_per_call(call, seconds: float) -> float:
     return start.elapsed_time(end) / calls
 
 
-def gemm_share(call) -> float:
-    """The share of the GPU's kernel time spent in GEMM kernels over one call (torch.profiler)."""
+def profiled(call):
+    """torch.profiler's record of the GPU's kernels over one call."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         call()
         torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return prof
+
+
+def gemm_share(call) -> float:
+    """The share of the GPU's kernel time spent in GEMM kernels over one call (torch.profiler)."""
+    events = [e for e in profiled(call).key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     total = sum(e.self_device_time_total for e in events)
     gemm = sum(e.self_device_time_total for e in events if any(k in e.key.lower() for k in GEMM_KERNELS))
     return gemm / total if total else float("nan")
@@ -252,18 +257,13 @@ def quantizer_in_model(version: str, scaling: str) -> dict[tuple[int, int, int],
     before (partly still in L2): {QUANT_SIZES shape: (quantizer µs, GEMM µs) in each of IN_MODEL_LAYERS layers},
     from torch.profiler's kernel times of one prefill of 1 x 2048 tokens after three warm-up calls (``IN_MODEL``:
     which projection at which shape)."""
-    from torch.profiler import ProfilerActivity, profile
-
     config, model = build(IN_MODEL_LAYERS)
     torch_op.swap_linears(model, version, scaling=scaling)
     call, _ = step(torch.compile(model, fullgraph=True, dynamic=False), config, "prefill 1x2048")
     with torch.no_grad():
         for _ in range(3):
             call()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            call()
-            torch.cuda.synchronize()
+        prof = profiled(call)
     kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                      key=lambda e: e.time_range.start)
     # tilus' own: Inductor's kernels that feed a quantizer have 'quantize' in their names too

@@ -613,8 +613,8 @@ def quant_table(rows: list[dict]) -> str:
               "~1-s windows, the three in a fresh random order each of 3 rounds, after 2 s of load: the median, ± half "
               "the quantizer's spread over the rounds. The GEMM and the copy of x are timed the same way as the "
               f"quantizer in each row. {in_model}Host µs: the CPU time of one eager call of the quantizer's entry "
-              "point, queued with no sync. Bytes: the bf16 input read (2 an element), the e4m3 output (1) and the float32 scales "
-              "written. Copy bandwidth: a 1-GiB device-to-device copy's in the same run, "
+              "point, queued with no sync. Bytes: the bf16 input read (2 an element), the e4m3 output (1) and the "
+              "float32 scales written. Copy bandwidth: a 1-GiB device-to-device copy's in the same run, "
               f"{gib_copy_tb_s:.2f} TB/s (bytes read and written); a copy of x moves 4 bytes an element. Largest "
               f"share of e4m3 values unlike scaled.quantize's: {worst:.1e}; largest relative difference of a scale "
               f"from its: {max(float(r.get('scale_max_rel_diff') or 0) for r in rows):.1e}."]

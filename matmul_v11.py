@@ -76,7 +76,10 @@ class HopperMatmulV11(tilus.Script):
         self.stream_k = stream_k
         # a consumer warpgroup per 64 rows (wgmma's M): two for 128-row tiles, one for a 64-row one,
         # three for the block-wise 192-row tiles
-        self.consumers = block_m // 64
+        self.consumers = 2 if block_m == 256 else block_m // 64
+        # 64-row parts a consumer computes in turn: two in the block-wise 256-row tiles, else one
+        self.waves = block_m // 64 // self.consumers
+        self.parts = self.consumers * self.waves
         # the stream-K workspace's entries a CTA, one per consumer warpgroup (two where there is one)
         self.entries = max(self.consumers, 2)
         self.consumer_m = 64  # rows of the tile each consumer warpgroup owns
@@ -156,7 +159,7 @@ class HopperMatmulV11(tilus.Script):
         # a slot is k_boxes boxes of BOX_K columns side by side; in each, A holds one part per
         # consumer, and every consumer reads the whole of B
         self.s_a = self.shared_tensor(
-            dtype=self.dtype, shape=[self.stages, self.k_boxes, self.consumers, self.consumer_m, BOX_K]
+            dtype=self.dtype, shape=[self.stages, self.k_boxes, self.parts, self.consumer_m, BOX_K]
         )
         # B's slot in cluster_m parts: each CTA of the cluster loads one part into every CTA
         self.s_b = self.shared_tensor(
@@ -186,11 +189,15 @@ class HopperMatmulV11(tilus.Script):
 
         # 4. the K loop of every piece, one per role: the producer, each consumer
         self.producer()
-        self.consumer(0)
-        if self.consumers >= 2:
-            self.consumer(1)
-        if self.consumers == 3:
-            self.consumer(2)
+        if self.waves == 2:
+            self.consumer_two_waves(0)
+            self.consumer_two_waves(1)
+        else:
+            self.consumer(0)
+            if self.consumers >= 2:
+                self.consumer(1)
+            if self.consumers == 3:
+                self.consumer(2)
 
         if self.cluster_m > 1:
             self.cluster.sync()  # stay until the peer has stopped writing into our slots and barriers
@@ -245,7 +252,7 @@ class HopperMatmulV11(tilus.Script):
     def load_slot(self, tile_m: int32, tile_n: int32, offset_k: int32):
         """Slot producer_stage's boxes from column offset_k on: A in 64-row parts, one per consumer, then B."""
         for box in range(self.k_boxes):
-            for part in range(self.consumers):
+            for part in range(self.parts):
                 self.tma.global_to_shared(
                     src=self.g_a,
                     dst=self.s_a[self.pipe.producer_stage, box, part],
@@ -421,6 +428,11 @@ class HopperMatmulV11(tilus.Script):
     def epilogue(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
         """Registers -> swizzled boxes in shared memory -> global, a TMA store a box: through the warpgroup's
         ring box by box (box b's store runs while box b + 1 is written), or, taking turns, the tile at once."""
+        self.store_part(warpgroup, acc, tile_m, tile_n)
+        self.pass_turn(warpgroup)
+
+    def store_part(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
+        """The epilogue's stores of 64 rows, part ``warpgroup`` of the tile (a two-wave consumer has two parts)."""
         offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
         offset_n = self.block_n * tile_n
         c = self.scaled(warpgroup, acc, tile_m, tile_n).to(self.out_dtype)
@@ -440,7 +452,6 @@ class HopperMatmulV11(tilus.Script):
                 self.wait_for_box()
                 self.store_shared(self.s_c[warpgroup, box % 2], c_boxes[box])
                 self.send(warpgroup, box, 1, offset_m, offset_n)
-        self.pass_turn(warpgroup)
 
     def epilogue_transposed(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
         """swap_ab: the tile is C^T's, so it goes to s_c transposed (stmatrix .trans), then to C as one box."""
@@ -483,16 +494,17 @@ class HopperMatmulV11(tilus.Script):
         self.mbarrier.arrive(self.s_c_free[self.next_consumer(warpgroup)])
 
 
-
-
 # The block-wise kernel: the same tiles but the 256-wide ones (the running sum and a K block's
 # partial are 2 x 128 registers a thread at 64 x 256, more than the 232 a consumer can
 # have), and 128 x 64 for the shapes with few 128 x 128 tiles. 192 x 128: three consumer
 # warpgroups, so that two others' wgmmas run while one promotes (2 x 64 of the 152
 # registers each can have; 4 slots of 40 KiB), stream-K too (at M = N = 4096, 22 x 32 = 704 such
 # tiles are 5.33 waves of 132 SMs). A tile's columns lie in one 128-row block of B's scales
-# (block_n divides 128), a warpgroup's 64 rows in one of A's with swap_ab.
+# (block_n divides 128), a warpgroup's 64 rows in one of A's with swap_ab. 256 x 128: two
+# consumers, each promoting its two 64-row parts in turn (two sums and one partial, 3 x 64 of
+# its 232 registers; 4 slots of 48 KiB and a 16 KiB s_c).
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
+    [256, 128, 128, 4, 1, False, False], [256, 128, 128, 4, 2, False, False],
     [192, 128, 128, 4, 1, False, False], [192, 128, 128, 4, 2, False, False],
     [192, 128, 128, 4, 1, False, True], [192, 128, 128, 4, 2, False, True],
     [128, 128, 128, 6, 1, False, False], [128, 128, 128, 6, 2, False, False],
@@ -585,7 +597,7 @@ class HopperMatmulV11Blockwise(HopperMatmulV11):
             self.annotate_layout(cols, register_layout(shape=[1, self.block_n], mode_shape=[self.block_n // 8, 4, 2],
                                                        spatial_modes=[-4, -8, 1], local_modes=[0, 2]))
         else:  # in the slot
-            s_rows = self.reshape_shared(self.s_scale_rows[self.pipe.consumer_stage], [self.consumers, self.consumer_m, 1])
+            s_rows = self.reshape_shared(self.s_scale_rows[self.pipe.consumer_stage], [self.parts, self.consumer_m, 1])
             rows = self.load_shared(s_rows[warpgroup])
             cols = self.load_shared(self.s_scale_cols[self.pipe.consumer_stage, 0])
         return rows, cols
@@ -606,6 +618,44 @@ class HopperMatmulV11Blockwise(HopperMatmulV11):
             self.pipe.consumer_advance()
             self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)  # the slot just read
         return acc
+
+    def promote(self, part: int, acc: RegisterTensor, partial: RegisterTensor):
+        """The slot's K block for 64-row part ``part`` into ``partial`` (overwritten), scaled and added to ``acc``."""
+        self.wgmma.fence()
+        self.mma_box(part, 0, partial)
+        rows, cols = self.block_scales(part, 0)  # during the wgmma
+        self.wgmma.wait_group(0)  # the partial is final: meanwhile the other warpgroup's wgmmas run
+        self.add(acc, partial * (rows * cols), out=acc)
+
+    def consumer_two_waves(self, warpgroup: int):
+        """256-row tiles: two consumers, each two 64-row parts (a sum each), promoted part after part, so that the
+        other consumer's wgmmas run while one promotes; the parts go out in turn through the shared s_c."""
+        with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):
+            setmaxnreg(self.consumer_registers, "inc")
+            self.pipe.consumer_start()
+            c_phase: uint32 = 1 if warpgroup == 0 else 0
+            for item in self.scheduler.items():
+                tile_m, tile_n, k_begin, k_end = self.scheduler.work(item)
+                acc = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+                acc_2 = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n], init=0.0)
+                # one partial for both parts: 3 x 64 registers a thread of the 232
+                partial = self.register_tensor(dtype=float32, shape=[self.consumer_m, self.block_n])
+                for k_block in self.range(k_begin, k_end, 1):
+                    self.pipe.consumer_acquire()
+                    self.promote(2 * warpgroup, acc, partial)
+                    self.promote(2 * warpgroup + 1, acc_2, partial)
+                    self.pipe.consumer_advance()
+                    self.pipe.consumer_release_previous_in_cluster(self.cluster_m, self.rank)
+                self.mbarrier.wait(self.s_c_free[warpgroup], phase=c_phase)
+                c_phase ^= 1
+                self.store_part(2 * warpgroup, acc, tile_m, tile_n)
+                with self.single_warp():
+                    self.tma.wait_group(n=0, read=True)  # the first part has left s_c
+                self.sync()
+                self.store_part(2 * warpgroup + 1, acc_2, tile_m, tile_n)
+                self.pass_turn(warpgroup)
+            with self.single_warp():
+                self.tma.wait_group(n=0)
 
     def mma_box(self, warpgroup: int, box: int32, partial: RegisterTensor):
         """The slot's K block ``box`` into ``partial``, one commit group: mma_fresh's first K step overwrites the

@@ -503,7 +503,7 @@ class HopperMatmulV11(tilus.Script):
 # (block_n divides 128), a warpgroup's 64 rows in one of A's with swap_ab. 256 x 128: two
 # consumers, each promoting its two 64-row parts in turn (two sums and one partial, 3 x 64 of
 # its 232 registers; 4 slots of 48 KiB and a 16 KiB s_c).
-@tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", [
+BLOCKWISE_TILES = [
     [256, 128, 128, 4, 1, False, False], [256, 128, 128, 4, 2, False, False],
     [192, 128, 128, 4, 1, False, False], [192, 128, 128, 4, 2, False, False],
     [192, 128, 128, 4, 1, False, True], [192, 128, 128, 4, 2, False, True],
@@ -513,7 +513,10 @@ class HopperMatmulV11(tilus.Script):
     [128, 16, 256, 6, 1, True, False], [128, 16, 256, 6, 1, True, True],
     [64, 16, 256, 10, 1, True, False], [64, 16, 256, 10, 1, True, True],
     [64, 64, 256, 6, 1, True, False], [64, 64, 256, 6, 1, True, True],
-])
+]
+
+
+@tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", BLOCKWISE_TILES)
 @tilus.autotune("group_m", [8])
 class HopperMatmulV11Blockwise(HopperMatmulV11):
     _autotune_space = {}  # its own space, not added to HopperMatmulV11's
@@ -692,8 +695,13 @@ class HopperMatmulV11Blockwise(HopperMatmulV11):
 
 # Per-tensor and row-wise scales with the promotion (matmul's accumulate="promoted"), as precise as
 # torch._scaled_mm's default: the block-wise K loop with every K block's scale 1, and v10's scales
-# on the finished sum. Same tiles as the block-wise kernel.
+# on the finished sum. The block-wise kernel's tiles but 256 x 128, where loading v10's scales
+# in the epilogue spills registers.
+@tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k",
+                [tile for tile in BLOCKWISE_TILES if tile[0] != 256])
+@tilus.autotune("group_m", [8])
 class HopperMatmulV11Promoted(HopperMatmulV11Blockwise):
+    _autotune_space = {}
     scale_views = HopperMatmulV11.scale_views  # a scale per row and per column, as v10's
     load_piece = HopperMatmulV11.load_piece  # the slots bring no scales
     acquire_slot = HopperMatmulV11.acquire_slot

@@ -78,8 +78,9 @@ class HopperMatmulV11(tilus.Script):
         # three for the block-wise 192-row tiles
         self.consumers = 2 if block_m == 256 else block_m // 64
         # 64-row parts a consumer computes in turn: two in the block-wise 256-row tiles, else one
-        self.waves = block_m // 64 // self.consumers
-        self.parts = self.consumers * self.waves
+        self.consumer_parts = block_m // 64 // self.consumers
+        self.parts = self.consumers * self.consumer_parts
+        assert self.consumer_parts == 1 or not (stream_k or swap_ab), "two parts a consumer: no stream-K, no swap_ab"
         # the stream-K workspace's entries a CTA, one per consumer warpgroup (two where there is one)
         self.entries = max(self.consumers, 2)
         self.consumer_m = 64  # rows of the tile each consumer warpgroup owns
@@ -189,9 +190,9 @@ class HopperMatmulV11(tilus.Script):
 
         # 4. the K loop of every piece, one per role: the producer, each consumer
         self.producer()
-        if self.waves == 2:
-            self.consumer_two_waves(0)
-            self.consumer_two_waves(1)
+        if self.consumer_parts == 2:
+            self.consumer_two_parts(0)
+            self.consumer_two_parts(1)
         else:
             self.consumer(0)
             if self.consumers >= 2:
@@ -630,7 +631,7 @@ class HopperMatmulV11Blockwise(HopperMatmulV11):
         self.wgmma.wait_group(0)  # the partial is final: meanwhile the other warpgroup's wgmmas run
         self.add(acc, partial * (rows * cols), out=acc)
 
-    def consumer_two_waves(self, warpgroup: int):
+    def consumer_two_parts(self, warpgroup: int):
         """256-row tiles: two consumers, each two 64-row parts (a sum each), promoted part after part, so that the
         other consumer's wgmmas run while one promotes; the parts go out in turn through the shared s_c."""
         with self.thread_group(thread_begin=128 * warpgroup, num_threads=128):

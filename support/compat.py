@@ -273,6 +273,42 @@ def _hoist_in_walk_order(init):
     return ordered
 
 
+def _warp_uniform_groups(visit):
+    """Defect 10: in a block of 160 or 384 threads, a warpgroup's code is not known to be warp-uniform.
+
+    tilus guards a thread group such as "threads 128-255" with the warp-uniform predicate
+    ``shfl_sync(threadIdx.x / 128, lane 0) == 1`` only when the block's thread count is a
+    power of two; otherwise it writes ``128 <= threadIdx.x && threadIdx.x < 256``. ptxas cannot
+    prove that uniform, so nothing computed inside the group goes to uniform registers: each
+    thread of a consumer computes the wgmma descriptors itself (LEA, SHF, LOP3, then R2UR
+    before each wgmma), where v11's 512-thread blocks do it once a warp (ULEA, USHF, ULOP3).
+    The predicate is exact for any group whose size is a multiple of 32 and whose first
+    thread is a multiple of its size, whatever the parent's count; this reads such a parent's
+    count as the next power of two while tilus chooses the predicate.
+    """
+
+    @functools.wraps(visit)
+    def uniform(self, stmt):
+        counts = self.thread_group_stack.num_threads
+        parent = counts[-1]
+        aligned = (
+            stmt.thread_begin >= 0
+            and 32 <= stmt.num_threads < parent
+            and stmt.num_threads & (stmt.num_threads - 1) == 0
+            and stmt.thread_begin % stmt.num_threads == 0
+            and self.thread_group_stack.thread_begin[-1] % 32 == 0
+        )
+        if not aligned or parent & (parent - 1) == 0:
+            return visit(self, stmt)
+        counts[-1] = 1 << (parent - 1).bit_length()
+        try:
+            return visit(self, stmt)
+        finally:
+            counts[-1] = parent
+
+    return uniform
+
+
 # name -> (owner, attribute, replacement factory)
 _WORKAROUNDS = {
     "hopper_tma_cta_group": (_tma_emitter, "cp_async_tensor_global_to_shared", _without_cta_group_before_blackwell),
@@ -289,6 +325,7 @@ _WORKAROUNDS = {
     "smem_limit_once_at_launch": (_launch_checks, "BlackBoxStmt", _smem_limit_once),
     "wgmma_whole_n": (WgmmaMmaSSInst, "get_inst_mnk", _wgmma_whole_n),
     "wgmma_fp8_accumulator": (_wgmma_layouts, "generate_wgmma_register_layout", _wgmma_accumulator_two_columns),
+    "warp_uniform_groups": (_codegen.FunctionCodegen, "visit_ThreadGroupStmt", _warp_uniform_groups),
 }
 # attributes as stored (getattr_static: a static method stays one when it is put back)
 _originals = {name: inspect.getattr_static(owner, attr) for name, (owner, attr, _) in _WORKAROUNDS.items()}

@@ -131,6 +131,23 @@ def test_two_builds_of_one_schedule_generate_the_same_cuda(tmp_path):
     assert sources[0] == sources[1]
 
 
+# one consumer warpgroup (threads 0-127) and the producer warp: a block of 160 threads
+V9_ONE_CONSUMER = dict(block_m=64, block_n=128, block_k=64, stages=8, group_m=8, cluster_m=2, swap_ab=False,
+                       stream_k=False)
+
+
+def test_defect_10_a_warpgroup_of_a_160_thread_block_is_not_known_to_be_warp_uniform(tmp_path):
+    sources = {}
+    for workaround in ("warp_uniform_groups", ()):
+        (result,) = build_as_released(workaround, "matmul_v9", "hopper", tmp_path / str(bool(workaround)),
+                                      V9_ONE_CONSUMER)
+        assert not result["error"], result["error"]
+        sources[bool(workaround)] = (Path(result["module_dir"]) / "source.cu").read_text()
+    uniform = "shfl_sync_i32(uint32_t(4294967295u), ((int)threadIdx.x / 128), 0) == 0)"
+    assert "if ((int)threadIdx.x < 128) {" in sources[True] and uniform not in sources[True]
+    assert uniform in sources[False] and "if ((int)threadIdx.x < 128) {" not in sources[False]
+
+
 def test_defect_3_barriers_land_on_freed_tiles(tmp_path):
     schedule = dict(block_m=128, block_n=128, block_k=64, stages=2)
     (result,) = build_as_released("barriers_above_peak", "matmul_v2", "hopper", tmp_path, schedule)

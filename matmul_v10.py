@@ -172,11 +172,13 @@ class HopperMatmulV10(tilus.Script):
             self.stream_k, 1 if self.owner_starts_from_partial else MAX_SHARERS,
         )
 
-        # 4. the K loop of every piece, one per role: the producer, each consumer
-        self.producer()
+        # 4. the K loop of every piece, one per role: each consumer, then the producer. Its setmaxnreg.dec
+        # leaves it 40 registers: a value the consumers need would otherwise live across its code (spilled
+        # in v10's 128 x 256 stream-K)
         self.consumer(0)
         if self.consumers == 2:
             self.consumer(1)
+        self.producer()
 
         if self.cluster_m > 1:
             self.cluster.sync()  # stay until the peer has stopped writing into our slots and barriers

@@ -188,8 +188,9 @@ class HopperMatmulV11(tilus.Script):
             self.stream_k, 1 if self.owner_starts_from_partial else MAX_SHARERS,
         )
 
-        # 4. the K loop of every piece, one per role: the producer, each consumer
-        self.producer()
+        # 4. the K loop of every piece, one per role: each consumer, then the producer. Its setmaxnreg.dec
+        # leaves it 40 registers: a value the consumers need would otherwise live across its code (spilled
+        # in v10's 128 x 256 stream-K)
         if self.consumer_parts == 2:
             self.consumer_two_parts(0)
             self.consumer_two_parts(1)
@@ -199,6 +200,7 @@ class HopperMatmulV11(tilus.Script):
                 self.consumer(1)
             if self.consumers == 3:
                 self.consumer(2)
+        self.producer()
 
         if self.cluster_m > 1:
             self.cluster.sync()  # stay until the peer has stopped writing into our slots and barriers

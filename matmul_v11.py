@@ -698,8 +698,8 @@ class HopperMatmulV11Blockwise(HopperMatmulV11):
 
 # Per-tensor and row-wise scales with the promotion (matmul's accumulate="promoted"), as precise as
 # torch._scaled_mm's default: the block-wise K loop with every K block's scale 1, and v10's scales
-# on the finished sum. The block-wise kernel's tiles but 256 x 128, where loading v10's scales
-# in the epilogue spills registers.
+# on the finished sum. The block-wise kernel's tiles but 256 x 128: it builds without spills
+# since defect 10's workaround (support/compat.py), and is not yet measured.
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k",
                 [tile for tile in BLOCKWISE_TILES if tile[0] != 256])
 @tilus.autotune("group_m", [8])

@@ -173,8 +173,7 @@ class HopperMatmulV10(tilus.Script):
         )
 
         # 4. the K loop of every piece, one per role: each consumer, then the producer. Its setmaxnreg.dec
-        # leaves it 40 registers: a value the consumers need would otherwise live across its code (spilled
-        # in v10's 128 x 256 stream-K)
+        # leaves it 40 registers, so no value the consumers need may live across its code: ptxas would spill it
         self.consumer(0)
         if self.consumers == 2:
             self.consumer(1)

@@ -189,8 +189,7 @@ class HopperMatmulV11(tilus.Script):
         )
 
         # 4. the K loop of every piece, one per role: each consumer, then the producer. Its setmaxnreg.dec
-        # leaves it 40 registers: a value the consumers need would otherwise live across its code (spilled
-        # in v10's 128 x 256 stream-K)
+        # leaves it 40 registers, so no value the consumers need may live across its code: ptxas would spill it
         if self.consumer_parts == 2:
             self.consumer_two_parts(0)
             self.consumer_two_parts(1)
@@ -435,7 +434,7 @@ class HopperMatmulV11(tilus.Script):
         self.pass_turn(warpgroup)
 
     def store_part(self, warpgroup: int, acc: RegisterTensor, tile_m: int32, tile_n: int32):
-        """The epilogue's stores of 64 rows, part ``warpgroup`` of the tile (a two-wave consumer has two parts)."""
+        """The epilogue's stores of 64 rows, part ``warpgroup`` of the tile (a two-part consumer stores two)."""
         offset_m = self.block_m * tile_m + warpgroup * self.consumer_m
         offset_n = self.block_n * tile_n
         c = self.scaled(warpgroup, acc, tile_m, tile_n).to(self.out_dtype)
@@ -698,8 +697,7 @@ class HopperMatmulV11Blockwise(HopperMatmulV11):
 
 # Per-tensor and row-wise scales with the promotion (matmul's accumulate="promoted"), as precise as
 # torch._scaled_mm's default: the block-wise K loop with every K block's scale 1, and v10's scales
-# on the finished sum. The block-wise kernel's tiles but 256 x 128: it builds without spills
-# since defect 10's workaround (support/compat.py), and is not yet measured.
+# on the finished sum. The block-wise kernel's tiles except 256 x 128, not yet measured with these scales.
 @tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k",
                 [tile for tile in BLOCKWISE_TILES if tile[0] != 256])
 @tilus.autotune("group_m", [8])

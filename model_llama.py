@@ -184,17 +184,17 @@ def compare_logits(reference, swapped, config) -> tuple[float, float, float]:
             (a.argmax(-1) == b.argmax(-1)).float().mean().item(), measure.relative_error(b, a))
 
 
-def build_models(reference, version: str, scaling: str | None) -> dict:
+def build_models(reference, version: str, scaling: str | None, quantizer: str = "kernel") -> dict:
     """name -> model: the bf16 model on cuBLAS ('cublas') and copies with their Linears swapped: on a 16-bit
     version's op; or, for an fp8 version, on its op ('v11 fp8 block') and on torch._scaled_mm ('scaled_mm fp8
-    block'), the same Fp8Linears with the same quantized weights."""
+    block'), the same Fp8Linears with the same quantized weights and the same ``quantizer``."""
     models = {"cublas": reference}
     if not fp8_torch.is_fp8(version):
         backends = {version: {}}
     else:
         scaling = scaling or fp8_torch.scalings(version)[0]
-        backends = {f"{version} fp8 {scaling}": dict(scaling=scaling),
-                    f"scaled_mm fp8 {scaling}": dict(scaling=scaling, backend="scaled_mm")}
+        backends = {f"{version} fp8 {scaling}": dict(scaling=scaling, quantizer=quantizer),
+                    f"scaled_mm fp8 {scaling}": dict(scaling=scaling, backend="scaled_mm", quantizer=quantizer)}
     for name, options in backends.items():
         models[name] = copy.deepcopy(reference)
         names, kept = torch_op.swap_linears(models[name], version, **options)
@@ -329,10 +329,12 @@ def save(rows: list[dict], path, fields=FIELDS, key_fields=("run", "backend", "s
 
 
 def run_name(args) -> str:
-    """The run column: the version, and the scaling where it is not the version's own ('v11-row')."""
+    """The run column: the version, the scaling where it is not the version's own ('v11-row'), and 'fused' where
+    compiled graphs quantize in torch ('v11-fused')."""
+    name = args.version
     if fp8_torch.is_fp8(args.version) and args.scaling and args.scaling != fp8_torch.scalings(args.version)[0]:
-        return f"{args.version}-{args.scaling}"
-    return args.version
+        name += f"-{args.scaling}"
+    return name + ("-fused" if args.quantizer == "fused" else "")
 
 
 def main(argv=None) -> int:
@@ -347,11 +349,17 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled", "CUDA graph"],
                         choices=["eager", "compiled", "CUDA graph"],
                         help="compiled applies to prefill, CUDA graph to decode (default: all)")
+    parser.add_argument("--quantizer", choices=fp8_torch.QUANTIZERS, default="kernel",
+                        help="fp8: how compiled graphs quantize the activations: quantize.py's kernel (default), or "
+                        "the same arithmetic in torch, which Inductor fuses into the op that writes them")
     parser.add_argument("--quant", action="store_true",
                         help="fp8: time the activation quantizer at prefill shapes instead (results/<gpu>_quant.csv)")
     parser.add_argument("--repeat", type=int, default=100, help="--quant: timed launches of each")
     parser.add_argument("--out", help="CSV to write (default results/<gpu>_model.csv, or _quant.csv)")
     args = parser.parse_args(argv)
+    if args.quantizer != "kernel" and (args.quant or not fp8_torch.is_fp8(args.version)):
+        parser.error("--quantizer chooses how an fp8 model's compiled graphs quantize; --quant times quantize.py's "
+                     "kernel and a 16-bit --version quantizes nothing")
     try:
         gpu.gpu_arch()
     except gpu.UnsupportedGPUError as reason:
@@ -369,7 +377,7 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False  # cuBLAS accumulates in fp32 too
     config, reference = build(args.layers)
     print(f"Llama, {args.layers} layers of Llama-3-8B's dimensions, random bf16 weights", flush=True)
-    models = build_models(reference, args.version, args.scaling)
+    models = build_models(reference, args.version, args.scaling, args.quantizer)
     errors = {}
     for name, model in models.items():
         if name != "cublas":

@@ -41,6 +41,9 @@ OUT_DTYPES = tuple(scaled.OUT_DTYPES)
 KEEP = {"lm_head": "for the logits' precision (fp8 serving stacks quantize the decoder's Linears and keep the LM "
                    "head in 16-bit)"}
 BACKENDS = ("tilus", "scaled_mm")
+# how a compiled graph quantizes the activations: quantize.py's kernel as an op, or the same arithmetic in torch,
+# which Inductor fuses into the kernel that writes x (RMSNorm, SiLU(gate) x up); eagerly, always the kernel
+QUANTIZERS = ("kernel", "fused")
 _ops: dict[str, object] = {}
 
 
@@ -158,17 +161,22 @@ def _(x, granularity, layout):
     return x.new_empty(rows, k, dtype=scaled.FP8), x.new_empty_strided(shape, strides, dtype=torch.float32)
 
 
-def quantize_activations(x: torch.Tensor, granularity: str, layout: str = "m4") -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activations(x: torch.Tensor, granularity: str, layout: str = "m4",
+                         quantizer: str = "kernel") -> tuple[torch.Tensor, torch.Tensor]:
     """x (rows x K, bf16/fp16/fp32) in e4m3 with its float32 scales: per token ('row', rows x 1) or per 1 x 128
     block ('1x128', rows x ceil(K / 128), M-major as v11 takes them).
 
-    On a GPU, quantize.py's kernel (one pass; inside torch.compile, through ``quantize_op``); on
-    the CPU, ``quantize_rows``.
+    On a GPU, quantize.py's kernel (one pass; inside torch.compile, through ``quantize_op``, or,
+    with ``quantizer='fused'``, ``quantize_rows`` for Inductor to fuse); on the CPU, ``quantize_rows``.
     """
     quantize.check_granularity(granularity)
+    if quantizer not in QUANTIZERS:
+        raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}")
     if not x.is_cuda:
         return quantize_rows(x, granularity, layout)
     if torch.compiler.is_compiling() or is_fake(x):
+        if quantizer == "fused":
+            return quantize_rows(x, granularity, layout)
         return torch.ops.tilus_gemm.quantize(x, granularity, layout)
     return quantize.quantize(x, granularity, layout)
 
@@ -193,12 +201,14 @@ class Fp8Linear(nn.Module):
     ``scaling``: 'row' (a scale per output channel and per token) or 'block' (per 128 x 128 block
     of W and per 1 x 128 block of x). ``backend``: 'tilus' (the version's op) or 'scaled_mm'
     (``torch._scaled_mm`` on the same tensors, through ``scaled_mm_op``: cuBLASLt, the peer).
+    ``quantizer``: how a compiled graph quantizes x (``QUANTIZERS``); eagerly, quantize.py's kernel.
     The weight, its scales and the bias are buffers: they move with ``.to()`` and are in the
     state dict, but are no Parameters.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, version: str = "v11",
-                 scaling: str | None = None, backend: str = "tilus", device=None, dtype=torch.bfloat16):
+                 scaling: str | None = None, backend: str = "tilus", quantizer: str = "kernel", device=None,
+                 dtype=torch.bfloat16):
         super().__init__()
         scaling = scaling or scalings(version)[0]
         if scaling not in scalings(version):
@@ -206,11 +216,13 @@ class Fp8Linear(nn.Module):
                              f"got {scaling!r}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if quantizer not in QUANTIZERS:
+            raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}")
         reason = ineligible(in_features, out_features, dtype, backend)
         if reason:
             raise ValueError(f"Fp8Linear({in_features}, {out_features}): {reason}")
         self.in_features, self.out_features, self.version = in_features, out_features, version
-        self.scaling, self.backend, self.dtype = scaling, backend, dtype
+        self.scaling, self.backend, self.quantizer, self.dtype = scaling, backend, quantizer, dtype
         n_scales = (out_features, 1) if scaling == "row" else (-(-out_features // scaled.BLOCK),
                                                                -(-in_features // scaled.BLOCK))
         self.register_buffer("weight", torch.empty(out_features, in_features, device=device, dtype=scaled.FP8))
@@ -221,11 +233,11 @@ class Fp8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, version: str = "v11", scaling: str | None = None,
-                    backend: str = "tilus") -> "Fp8Linear":
+                    backend: str = "tilus", quantizer: str = "kernel") -> "Fp8Linear":
         """An Fp8Linear holding ``linear``'s weight quantized (once, here) and a copy of its bias."""
         weight = linear.weight.detach()
         module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, version=version,
-                     scaling=scaling, backend=backend, device="meta", dtype=weight.dtype)
+                     scaling=scaling, backend=backend, quantizer=quantizer, device="meta", dtype=weight.dtype)
         module.weight, module.weight_scale = scaled.quantize(weight, WEIGHT[module.scaling])
         if linear.bias is not None:
             module.bias = linear.bias.detach().clone()
@@ -257,17 +269,17 @@ class Fp8Linear(nn.Module):
         if not rows.shape[0]:
             return x.new_empty(*x.shape[:-1], self.out_features, dtype=self.dtype)
         if self.backend == "tilus":
-            a8, scale_a = quantize_activations(rows, ACTIVATION[self.scaling])
+            a8, scale_a = quantize_activations(rows, ACTIVATION[self.scaling], quantizer=self.quantizer)
             y = self.gemm(a8, self.weight, scale_a, self.weight_scale, self.dtype)
         elif self.scaling == "row":  # like for like: v10's kernel sums all of K in the wgmma's own accumulator
-            a8, scale_a = quantize_activations(rows, "row")
+            a8, scale_a = quantize_activations(rows, "row", quantizer=self.quantizer)
             y = self.gemm(a8, self.weight.T, scale_a, self.weight_scale.view(1, -1), self.dtype, True)
         else:  # block-wise: cuBLASLt promotes, as v11 does (the default)
             if self.peer is None:
                 self.choose_peer_layout()
             pad = -rows.shape[0] % 16  # cuBLASLt has no block-wise kernel for M = 1 (NOT_SUPPORTED); zero rows add nothing
             a8, scale_a = quantize_activations(nn.functional.pad(rows, (0, 0, 0, pad)) if pad else rows, "1x128",
-                                               layout=self.peer)
+                                               layout=self.peer, quantizer=self.quantizer)
             y = self.gemm(a8, self.weight.T, scale_a, self.peer_scale_b, self.dtype, False)[:rows.shape[0]]
         if self.bias is not None:
             y = y + self.bias
@@ -275,11 +287,11 @@ class Fp8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"version={self.version}, scaling={self.scaling}, backend={self.backend}")
+                f"version={self.version}, scaling={self.scaling}, backend={self.backend}, quantizer={self.quantizer}")
 
 
 def swap_linears(model: nn.Module, version: str = "v11", scaling: str | None = None, backend: str = "tilus",
-                 keep: dict[str, str] = KEEP) -> tuple[list[str], dict[str, str]]:
+                 quantizer: str = "kernel", keep: dict[str, str] = KEEP) -> tuple[list[str], dict[str, str]]:
     """Replace each eligible ``nn.Linear`` of ``model`` by an ``Fp8Linear`` on its weight, in place.
 
     A Linear whose attribute name is in ``keep`` (by default the LM head) stays as it is, as
@@ -295,7 +307,7 @@ def swap_linears(model: nn.Module, version: str = "v11", scaling: str | None = N
         elif reason := ineligible(child.in_features, child.out_features, child.weight.dtype, backend):
             kept[full] = reason
         else:
-            setattr(module, child_name, Fp8Linear.from_linear(child, version, scaling, backend))
+            setattr(module, child_name, Fp8Linear.from_linear(child, version, scaling, backend, quantizer))
             swapped.append(full)
             dispatch.reserve_workspace(child.weight.device)
     return swapped, kept

@@ -129,7 +129,7 @@ def swap_linears(model: nn.Module, version: str = "v9", **fp8) -> tuple[list[str
     """Replace every eligible ``nn.Linear`` of ``model`` by a ``Linear`` on its parameters, in place.
 
     Returns the names swapped and, for each ``nn.Linear`` left as it was, why. An fp8 version
-    swaps in ``fp8_torch.Fp8Linear``s instead, ``fp8`` its options (``scaling``, ``backend``).
+    swaps in ``fp8_torch.Fp8Linear``s instead, ``fp8`` its options (``scaling``, ``backend``, ``quantizer``).
     """
     from support import fp8_torch
 

@@ -184,6 +184,20 @@ def test_fp8_linear_is_inference_only():
         layer(x)
 
 
+def test_the_quantizer_option_is_checked_and_reaches_every_swapped_linear():
+    with pytest.raises(ValueError, match=r"quantizer must be one of \('kernel', 'fused'\), got 'triton'"):
+        fp8_torch.quantize_activations(torch.randn(4, 128), "row", quantizer="triton")
+    with pytest.raises(ValueError, match="quantizer must be one of"):
+        fp8_torch.Fp8Linear(128, 128, version="v10", quantizer="triton")
+    from test_torch_op import tiny_llama
+
+    _, model = tiny_llama()
+    swapped, _ = torch_op.swap_linears(model, "v10", quantizer="fused")
+    layers = [m for m in model.modules() if isinstance(m, fp8_torch.Fp8Linear)]
+    assert len(layers) == len(swapped) and all(m.quantizer == "fused" for m in layers)
+    assert "quantizer=fused" in repr(layers[0])
+
+
 def test_fp8_linear_gives_its_shapes_under_fake_tensors():
     with FakeTensorMode():  # on the CPU: the fake implementation takes any device
         layer = fp8_torch.Fp8Linear(256, 128, version="v11")
@@ -226,6 +240,21 @@ def test_a_run_does_not_replace_another_runs_rows(tmp_path):
                       | {"run": "v11", "backend": "cublas", "scenario": "decode b1", "mode": "eager"}], path)
     rows = list(csv.DictReader(path.open()))
     assert [(r["run"], r["backend"]) for r in rows] == [("v9", "cublas"), ("v11", "cublas")]
+
+
+def test_a_fused_quantizer_run_is_a_run_of_its_own_and_only_for_an_fp8_model(capsys):
+    import argparse
+
+    import model_llama
+
+    runs = [("v11", None, "kernel"), ("v11", None, "fused"), ("v11", "row", "fused")]
+    names = [model_llama.run_name(argparse.Namespace(version=version, scaling=scaling, quantizer=quantizer))
+             for version, scaling, quantizer in runs]
+    assert names == ["v11", "v11-fused", "v11-row-fused"]
+    for argv in (["--version", "v9", "--quantizer", "fused"], ["--version", "v11", "--quant", "--quantizer", "fused"]):
+        with pytest.raises(SystemExit):
+            model_llama.main(argv)
+        assert "--quantizer chooses how an fp8 model's compiled graphs quantize" in capsys.readouterr().err
 
 
 def test_a_back_to_back_quantizer_row_does_not_replace_a_burst_one(tmp_path):
@@ -344,10 +373,10 @@ def test_bad_scales_and_dtypes_are_clear_errors_on_the_gpu():
         fp8_torch.op("v10")(a8, b8, scale_a, scale_b, torch.bfloat16)
 
 
-def mlp(version: str, scaling: str, backend: str = "tilus", width: int = 256) -> nn.Module:
+def mlp(version: str, scaling: str, backend: str = "tilus", width: int = 256, quantizer: str = "kernel") -> nn.Module:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width)).to("cuda", torch.bfloat16)
-    swapped, _ = fp8_torch.swap_linears(model, version, scaling=scaling, backend=backend)
+    swapped, _ = fp8_torch.swap_linears(model, version, scaling=scaling, backend=backend, quantizer=quantizer)
     assert len(swapped) == 2
     return model
 
@@ -370,11 +399,12 @@ def emulate(model: nn.Module) -> nn.Module:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version, scaling, backend", [
-    ("v11", "block", "tilus"), ("v10", "row", "tilus"), ("v11", "block", "scaled_mm"), ("v10", "row", "scaled_mm")])
-def test_compiled_whole_and_replayed_from_a_cuda_graph(version, scaling, backend):
+@pytest.mark.parametrize("version, scaling, backend, quantizer", [
+    ("v11", "block", "tilus", "kernel"), ("v10", "row", "tilus", "kernel"), ("v11", "block", "scaled_mm", "kernel"),
+    ("v10", "row", "scaled_mm", "kernel"), ("v11", "block", "tilus", "fused"), ("v10", "row", "tilus", "fused")])
+def test_compiled_whole_and_replayed_from_a_cuda_graph(version, scaling, backend, quantizer):
     width = 4096 if backend == "scaled_mm" else 256  # torch 2.11's block-wise _scaled_mm refused K = 256
-    model = mlp(version, scaling, backend, width)
+    model = mlp(version, scaling, backend, width, quantizer)
     reference = emulate(model)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, mode="reduce-overhead")

@@ -418,6 +418,23 @@ def test_compiled_whole_and_replayed_from_a_cuda_graph(version, scaling, backend
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("quantizer, launches", [("kernel", 2), ("fused", 0)])
+def test_a_fused_quantizer_leaves_no_quantize_kernel_in_a_compiled_graph(quantizer, launches):
+    model = mlp("v11", "block", quantizer=quantizer)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(3, 5, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        compiled(x)  # compiles, builds and tunes
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            compiled(x)
+            torch.cuda.synchronize()
+    names = [e.name for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum(name.startswith("tilus_quantize") for name in names) == launches, names
+
+
+@pytest.mark.gpu
 def test_an_fp8_linear_replays_from_a_hand_captured_graph():
     import model_llama
 

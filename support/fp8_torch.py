@@ -161,6 +161,11 @@ def _(x, granularity, layout):
     return x.new_empty(rows, k, dtype=scaled.FP8), x.new_empty_strided(shape, strides, dtype=torch.float32)
 
 
+def check_quantizer(quantizer: str) -> None:
+    if quantizer not in QUANTIZERS:
+        raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}")
+
+
 def quantize_activations(x: torch.Tensor, granularity: str, layout: str = "m4",
                          quantizer: str = "kernel") -> tuple[torch.Tensor, torch.Tensor]:
     """x (rows x K, bf16/fp16/fp32) in e4m3 with its float32 scales: per token ('row', rows x 1) or per 1 x 128
@@ -170,8 +175,7 @@ def quantize_activations(x: torch.Tensor, granularity: str, layout: str = "m4",
     with ``quantizer='fused'``, ``quantize_rows`` for Inductor to fuse); on the CPU, ``quantize_rows``.
     """
     quantize.check_granularity(granularity)
-    if quantizer not in QUANTIZERS:
-        raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}")
+    check_quantizer(quantizer)
     if not x.is_cuda:
         return quantize_rows(x, granularity, layout)
     if torch.compiler.is_compiling() or is_fake(x):
@@ -216,8 +220,7 @@ class Fp8Linear(nn.Module):
                              f"got {scaling!r}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if quantizer not in QUANTIZERS:
-            raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}")
+        check_quantizer(quantizer)
         reason = ineligible(in_features, out_features, dtype, backend)
         if reason:
             raise ValueError(f"Fp8Linear({in_features}, {out_features}): {reason}")

@@ -25,7 +25,8 @@ Linears are ``fp8_torch.Fp8Linear``s (the LM head stays bf16), and a third model
 Fp8Linears through ``torch._scaled_mm`` (the peer); the logits of each are compared with the
 bf16 model's. ``--quant`` times the activation quantizer instead, at prefill shapes, alone,
 back to back (replayed from CUDA graphs, as the compiled model runs it), and in the compiled
-model's prefill (kernel times from torch.profiler).
+model's prefill (kernel times from torch.profiler), where it also times what ``--quantizer fused``
+adds to the ops it joins.
 
 Rows are merged into results/<gpu>_model.csv (a row per run, backend, scenario and mode) and
 results/<gpu>_quant.csv; ``python plot.py`` writes docs/torch.md's tables from them.
@@ -60,9 +61,9 @@ FIELDS = ["gpu", "model", "run", "backend", "scenario", "mode", "ms", "tokens_pe
           "gemm_share", "logits_rel_err", "top1_agree", "graph_breaks", "torch", "transformers", "date"]
 # the activation quantizer at prefill: 2048 tokens into the layers' GEMMs (M x N x K): q/o, gate/up, down
 QUANT_SIZES = [(2048, 4096, 4096), (2048, 14336, 4096), (2048, 4096, 14336)]
-QUANT_FIELDS = ["gpu", "version", "scaling", "granularity", "m", "n", "k", "regime", "quant_ms", "quant_spread_pct",
-                "host_us", "quant_tb_s", "pct_of_bandwidth", "copy_ms", "gemm_ms", "pct_of_gemm", "x8_mismatch",
-                "scale_max_rel_diff", "torch", "date"]
+QUANT_FIELDS = ["gpu", "version", "scaling", "granularity", "m", "n", "k", "linears", "regime", "quant_ms",
+                "quant_spread_pct", "quant_spread_us", "host_us", "quant_tb_s", "pct_of_bandwidth", "copy_ms", "gemm_ms",
+                "pct_of_gemm", "x8_mismatch", "scale_max_rel_diff", "torch", "date"]
 QUANT_KEY = ("version", "scaling", "m", "n", "k", "regime")
 GRAPH_PASSES = 4  # passes over the rotated inputs in each CUDA graph the quantizer's back-to-back regime replays
 # the quantizer in the model: a layer's Fp8Linears in call order (q, k, v, o, gate, up, down), one quantizer and one
@@ -70,6 +71,9 @@ GRAPH_PASSES = 4  # passes over the rotated inputs in each CUDA graph the quanti
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 IN_MODEL = dict(zip(QUANT_SIZES, ("o", "gate", "down")))
 IN_MODEL_LAYERS = 4
+# quantizer='fused' joins the op that writes x; each such x feeds these Linears: the first norm's q, k and v,
+# attention's output o, the second norm's gate and up, SiLU(gate) x up's down
+FEEDS = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
 
 
 def build(layers: int):
@@ -211,7 +215,8 @@ def time_quantizer(version: str, scaling: str | None, repeat: int) -> list[dict]
     timed the same way; the host µs of an eager call; and how far its output is from ``scaled.quantize``'s."""
     scaling = scaling or fp8_torch.scalings(version)[0]
     granularity = fp8_torch.ACTIVATION[scaling]
-    in_model = quantizer_in_model(version, scaling)
+    kernel_run = prefill_kernels(version, scaling, "kernel")
+    in_model = quantizer_in_model(kernel_run, version)
     matmul = importlib.import_module(f"matmul_{version}").matmul
     copy_bytes_per_s = bench.copy_bandwidth()
     print(f"device-to-device copy: {copy_bytes_per_s / 1e12:.2f} TB/s (bytes read + written)", flush=True)
@@ -249,16 +254,43 @@ def time_quantizer(version: str, scaling: str | None, repeat: int) -> list[dict]
                   f"({rows[-1]['pct_of_bandwidth']}% of the copy bandwidth, {rows[-1]['pct_of_gemm']}% of the "
                   f"{version} GEMM's {ms['gemm'] * 1e3:.1f} us); e4m3 values unlike scaled.quantize's: {mismatch:.2e}",
                   flush=True)
+    return rows + fused_rows(version, scaling, kernel_run)
+
+
+def fused_rows(version: str, scaling: str, kernel_run: list[tuple[str, float]]) -> list[dict]:
+    """quantizer='fused' in the compiled model's prefill (``fused_cost``): a row for each op it joins, against the
+    GEMMs that op's x feeds; its e4m3 values against ``scaled.quantize``'s, from quantize_rows compiled alone."""
+    granularity = fp8_torch.ACTIVATION[scaling]
+    cost = fused_cost(kernel_run, prefill_kernels(version, scaling, "fused"), version)
+    compiled = torch.compile(fp8_torch.quantize_rows, fullgraph=True, dynamic=False)
+    rows = []
+    for group, (added, gemm) in cost.items():
+        shapes = [projection_shape(p) for p in group]
+        m, k, n = shapes[0][0], shapes[0][2], sum(shape[1] for shape in shapes)
+        x = torch.randn(m, k, generator=torch.Generator(device="cuda").manual_seed(k), device="cuda").bfloat16()
+        (a8, scale_a), (r8, r_scale) = compiled(x, granularity), scaled.quantize(x, granularity)
+        us, gemm_us = statistics.median(added), statistics.median(gemm)
+        rows.append({"gpu": torch.cuda.get_device_name(), "version": version, "scaling": scaling,
+                     "granularity": granularity, "m": m, "n": n, "k": k, "linears": " ".join(group),
+                     "regime": "in the model, fused", "quant_ms": f"{us / 1e3:.5f}",
+                     "quant_spread_us": f"{max(added) - min(added):.1f}", "gemm_ms": f"{gemm_us / 1e3:.5f}",
+                     "pct_of_gemm": f"{100 * us / gemm_us:.1f}",
+                     "x8_mismatch": f"{(a8.view(torch.uint8) != r8.view(torch.uint8)).float().mean().item():.2e}",
+                     "scale_max_rel_diff": f"{((scale_a - r_scale).abs() / r_scale).max().item():.2e}",
+                     "torch": torch.__version__, "date": datetime.date.today().isoformat()})
+        print(f"{m}x{n}x{k} ({' '.join(group)}) fused quantizer in the model: adds {us:.1f} us (layers "
+              f"{', '.join(f'{a:.1f}' for a in added)}), {rows[-1]['pct_of_gemm']}% of the GEMMs' {gemm_us:.1f} us",
+              flush=True)
+    layers = [sum(cost[g][0][layer] for g in FEEDS) for layer in range(IN_MODEL_LAYERS)]
+    print(f"fused quantizer, a whole layer: adds {', '.join(f'{a:.1f}' for a in layers)} us", flush=True)
     return rows
 
 
-def quantizer_in_model(version: str, scaling: str) -> dict[tuple[int, int, int], tuple[list[float], list[float]]]:
-    """The quantizer and the GEMM it feeds as the compiled fp8 model's prefill runs them, x written by the op just
-    before (partly still in L2): {QUANT_SIZES shape: (quantizer µs, GEMM µs) in each of IN_MODEL_LAYERS layers},
-    from torch.profiler's kernel times of one prefill of 1 x 2048 tokens after three warm-up calls (``IN_MODEL``:
-    which projection at which shape)."""
+def prefill_kernels(version: str, scaling: str, quantizer: str) -> list[tuple[str, float]]:
+    """The GPU's kernels (name, µs) in launch order over one prefill of 1 x 2048 tokens of the compiled fp8 Llama
+    (IN_MODEL_LAYERS layers, ``quantizer``), after three warm-up calls (torch.profiler)."""
     config, model = build(IN_MODEL_LAYERS)
-    torch_op.swap_linears(model, version, scaling=scaling)
+    torch_op.swap_linears(model, version, scaling=scaling, quantizer=quantizer)
     call, _ = step(torch.compile(model, fullgraph=True, dynamic=False), config, "prefill 1x2048")
     with torch.no_grad():
         for _ in range(3):
@@ -266,10 +298,58 @@ def quantizer_in_model(version: str, scaling: str) -> dict[tuple[int, int, int],
         prof = profiled(call)
     kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                      key=lambda e: e.time_range.start)
+    return [(e.name, e.time_range.elapsed_us()) for e in kernels]
+
+
+def quantizer_in_model(kernels: list[tuple[str, float]], version: str) -> dict[tuple, tuple[list, list]]:
+    """quantize.py's kernel and the GEMM it feeds as the compiled fp8 model's prefill runs them (``kernels``, from
+    prefill_kernels), x written by the op just before (partly still in L2): {QUANT_SIZES shape: (quantizer µs, GEMM
+    µs) in each of IN_MODEL_LAYERS layers} (``IN_MODEL``: which projection at which shape)."""
     # tilus' own: Inductor's kernels that feed a quantizer have 'quantize' in their names too
-    quantizers = [e.time_range.elapsed_us() for e in kernels if e.name.startswith("tilus_quantize")]
-    gemms = [e.time_range.elapsed_us() for e in kernels if f"matmul_{version}" in e.name.lower()]
+    quantizers = [us for name, us in kernels if name.startswith("tilus_quantize")]
+    gemms = [us for name, us in kernels if f"matmul_{version}" in name.lower()]
     return layer_pairs(quantizers, gemms, IN_MODEL_LAYERS)
+
+
+def before_gemms(kernels: list[tuple[str, float]], version: str) -> list[tuple[float, float, float]]:
+    """Kernels (name, µs) in launch order -> for each of the version's GEMMs: (its µs, the µs of the kernels launched
+    since the GEMM before it, the part of those in quantize.py's kernel)."""
+    out, other, quant = [], 0.0, 0.0
+    for name, us in kernels:
+        if f"matmul_{version}" in name.lower():
+            out.append((us, other, quant))
+            other = quant = 0.0
+        else:
+            other += us
+            quant += us if name.startswith("tilus_quantize") else 0.0
+    return out
+
+
+def fused_cost(kernel_run: list[tuple[str, float]], fused_run: list[tuple[str, float]], version: str,
+               layers: int = IN_MODEL_LAYERS) -> dict[tuple[str, ...], tuple[list[float], list[float]]]:
+    """What quantizer='fused' adds to the ops it joins, from two profiled prefills in launch order: {FEEDS group:
+    (µs a layer, GEMM µs a layer)}. Added: the kernels before the group's GEMMs in the fused run, less those in the
+    kernel quantizer's run without its quantizers; the same model otherwise, so the rest cancels. GEMM: the
+    group's GEMMs in the fused run."""
+    kernel, fused = before_gemms(kernel_run, version), before_gemms(fused_run, version)
+    expected = layers * len(PROJECTIONS)
+    if len(kernel) != expected or len(fused) != expected:
+        raise RuntimeError(f"the profiled prefills ran {len(kernel)} and {len(fused)} fp8 GEMMs, not {expected} "
+                           f"({len(PROJECTIONS)} Linears in each of {layers} layers)")
+    cost = {}
+    for group in FEEDS:
+        at = [[layer * len(PROJECTIONS) + PROJECTIONS.index(p) for p in group] for layer in range(layers)]
+        added = [sum(fused[i][1] - kernel[i][1] + kernel[i][2] for i in places) for places in at]
+        cost[group] = added, [sum(fused[i][0] for i in places) for places in at]
+    return cost
+
+
+def projection_shape(name: str, tokens: int = 2048) -> tuple[int, int, int]:
+    """M x N x K of a projection's GEMM at prefill."""
+    hidden, mlp = CONFIG["hidden_size"], CONFIG["intermediate_size"]
+    kv = hidden * CONFIG["num_key_value_heads"] // CONFIG["num_attention_heads"]
+    n = {"q": hidden, "k": kv, "v": kv, "o": hidden, "gate": mlp, "up": mlp, "down": hidden}[name]
+    return tokens, n, mlp if name == "down" else hidden
 
 
 def layer_pairs(quantizers: list[float], gemms: list[float], layers: int) -> dict[tuple, tuple[list, list]]:
@@ -358,8 +438,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="CSV to write (default results/<gpu>_model.csv, or _quant.csv)")
     args = parser.parse_args(argv)
     if args.quantizer != "kernel" and (args.quant or not fp8_torch.is_fp8(args.version)):
-        parser.error("--quantizer chooses how an fp8 model's compiled graphs quantize; --quant times quantize.py's "
-                     "kernel and a 16-bit --version quantizes nothing")
+        parser.error("--quantizer chooses how an fp8 model's compiled graphs quantize; --quant times both "
+                     "quantizers and a 16-bit --version quantizes nothing")
     try:
         gpu.gpu_arch()
     except gpu.UnsupportedGPUError as reason:

@@ -587,8 +587,16 @@ def quant_table(rows: list[dict]) -> str:
     lines = ["| quantizer | M x K | GEMM (M x N x K) | regime | quantizer µs | % of copy bandwidth | copy of x µs | % of a "
              "copy of x's bandwidth | GEMM µs | quantizer / GEMM | host µs, eager |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    fused = [r for r in rows if r.get("regime") == "in the model, fused"]
     for r in rows:
         m, k = int(r["m"]), int(r["k"])
+        if r in fused:
+            # no pass of its own: what it adds to the op it joins, against the GEMMs that op's x feeds
+            lines.append(f"| {r['granularity']} ({r['version']}), fused | {m} x {k} | {m}x{r['n']}x{k} "
+                         f"({r['linears']}) | {r['regime']} | {1e3 * float(r['quant_ms']):.1f} "
+                         f"±{float(r['quant_spread_us']) / 2:.1f} µs | - | - | - | {1e3 * float(r['gemm_ms']):.1f} | "
+                         f"{float(r['pct_of_gemm']):.1f}% | - |")
+            continue
         copy = "- | -"  # in the model: no copy of x runs there
         if r["copy_ms"]:
             # a copy of x moves 4 bytes an element (2 read, 2 written) in copy_ms: the bandwidth a copy reaches here
@@ -599,12 +607,17 @@ def quant_table(rows: list[dict]) -> str:
                      f"{r.get('regime') or 'burst'} | {1e3 * float(r['quant_ms']):.1f}{spread} | "
                      f"{float(r['pct_of_bandwidth']):.1f}% | {copy} | {1e3 * float(r['gemm_ms']):.1f} | "
                      f"{float(r['pct_of_gemm']):.1f}% | {r.get('host_us') or '-'} |")
-    first = rows[0]
+    first = next((r for r in rows if r not in fused), rows[0])
     in_model = ("In the model: one prefill of 1 x 2048 tokens of the compiled fp8 Llama, kernel times from "
                 "torch.profiler, the median over the layers ± half their spread: the o projection's quantizer and GEMM "
                 "at 2048x4096x4096, gate's at 2048x14336x4096, down's at 2048x4096x14336. There x was just written by "
                 "the op before (attention, the norm, SiLU(gate) x up), and part of it is still in L2. "
                 if any(r.get("regime") == "in the model" for r in rows) else "")
+    in_model += ("Fused (quantizer='fused'): the same arithmetic in torch, which Inductor joins to the op that writes "
+                 "x; it has no kernel of its own. Its µs: what it adds to that op, the kernels before those GEMMs in "
+                 "its prefill less the same in the kernel quantizer's prefill without quantize.py's kernels, the "
+                 "median over the layers ± half their spread. Its GEMMs: every one that op's x feeds. "
+                 if fused else "")
     worst = max(float(r["x8_mismatch"]) for r in rows)
     gib_copy_tb_s = float(first["quant_tb_s"]) / (float(first["pct_of_bandwidth"]) / 100)
     lines += ["", f"{first['gpu']}, {first['date']}, torch {first['torch']}. Burst: each launch alone, L2 flushed, "

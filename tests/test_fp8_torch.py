@@ -254,7 +254,8 @@ def test_a_fused_quantizer_run_is_a_run_of_its_own_and_only_for_an_fp8_model(cap
     for argv in (["--version", "v9", "--quantizer", "fused"], ["--version", "v11", "--quant", "--quantizer", "fused"]):
         with pytest.raises(SystemExit):
             model_llama.main(argv)
-        assert "--quantizer chooses how an fp8 model's compiled graphs quantize" in capsys.readouterr().err
+        assert "--quantizer chooses how an fp8 model's compiled graphs quantize; --quant times both" in \
+            capsys.readouterr().err
 
 
 def test_a_back_to_back_quantizer_row_does_not_replace_a_burst_one(tmp_path):
@@ -316,6 +317,13 @@ def test_each_run_has_its_table():
     assert "| in the model | 12.3 ±2.0% | 81.2% | - | - | 91.2 | 13.5% | - |" in plot.quant_table([quant, in_model])
     assert "In the model: one prefill" in plot.quant_table([quant, in_model])
     assert "In the model" not in plot.quant_table([quant, looped])
+    fused = quant | {"regime": "in the model, fused", "n": "6144", "linears": "q k v", "quant_ms": "-0.0021",
+                     "quant_spread_us": "1.0", "quant_tb_s": "", "pct_of_bandwidth": "", "copy_ms": "",
+                     "gemm_ms": "0.1234", "pct_of_gemm": "-1.7"}
+    table = plot.quant_table([quant, in_model, fused])
+    assert "| 1x128 (v11), fused | 2048 x 4096 | 2048x6144x4096 (q k v) | in the model, fused | -2.1 ±0.5 µs | - | - " \
+           "| - | 123.4 | -1.7% | - |" in table
+    assert "Fused (quantizer='fused')" in table and "Fused" not in plot.quant_table([quant, in_model])
 
 
 def test_the_model_pairs_each_projection_with_its_own_quantizer_and_gemm():
@@ -330,6 +338,32 @@ def test_the_model_pairs_each_projection_with_its_own_quantizer_and_gemm():
     assert pairs[2048, 4096, 14336] == ([6, 16], [106, 116])  # down
     with pytest.raises(RuntimeError, match="ran 13 quantizers and 14 fp8 GEMMs, not 14 of each"):
         model_llama.layer_pairs(quantizers[:-1], gemms, 2)
+
+
+def test_the_fused_quantizer_costs_what_it_adds_before_the_gemms_its_x_feeds():
+    import model_llama
+
+    def prefill(before_q, before_o, quantizer):
+        """One layer's kernels in launch order: the norm before q (and before gate), attention before o, SiLU x up
+        before down; with the kernel quantizer, a 5-µs quantize.py kernel before each GEMM."""
+        kernels = []
+        for p in model_llama.PROJECTIONS:
+            kernels += {"q": [("norm", before_q)], "o": [("attention", before_o)], "gate": [("norm", 7.0)],
+                        "down": [("silu_mul", 9.0)]}.get(p, [])
+            kernels += [("tilus_quantize_1x128", 5.0)] if quantizer == "kernel" else []
+            kernels.append((f"tilus_matmul_v11_{p}", 100.0))
+        return kernels + [("lm_head_nvjet", 50.0)]
+
+    kernel, fused = prefill(6.0, 30.0, "kernel"), prefill(8.0, 29.0, "fused")
+    cost = model_llama.fused_cost(kernel, fused, "v11", layers=1)
+    # the norm took 2 µs longer with the quantizer in it and attention 1 µs less (noise): q, k and v's three 5-µs
+    # quantizers are gone, nothing else moved
+    assert cost == {("q", "k", "v"): ([2.0], [300.0]), ("o",): ([-1.0], [100.0]), ("gate", "up"): ([0.0], [200.0]),
+                    ("down",): ([0.0], [100.0])}
+    assert model_llama.projection_shape("k") == (2048, 1024, 4096)
+    assert model_llama.projection_shape("down") == (2048, 4096, 14336)
+    with pytest.raises(RuntimeError, match="ran 7 and 6 fp8 GEMMs, not 7"):
+        model_llama.fused_cost(kernel, fused[:-2], "v11", layers=1)
 
 
 # --- on a GPU -------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """A real model on the kernels: Llama-3-8B's layers, random weights, its Linears on a version's GEMM, against cuBLAS.
 
     python model_llama.py [--version v9] [--layers 2] [--seconds 0.5]    (needs: pip install -e ".[model]")
-    python model_llama.py --version v11 [--quant]
+    python model_llama.py --version v11 [--quant] [--quantizer fused]
 
 It builds Hugging Face transformers' Llama from a ``LlamaConfig`` with Llama-3-8B's layer
 dimensions (hidden 4096, MLP 14336, 32 heads, 8 KV heads) and a few layers, random bf16
@@ -25,8 +25,8 @@ Linears are ``fp8_torch.Fp8Linear``s (the LM head stays bf16), and a third model
 Fp8Linears through ``torch._scaled_mm`` (the peer); the logits of each are compared with the
 bf16 model's. ``--quant`` times the activation quantizer instead, at prefill shapes, alone,
 back to back (replayed from CUDA graphs, as the compiled model runs it), and in the compiled
-model's prefill (kernel times from torch.profiler), where it also times what ``--quantizer fused``
-adds to the ops it joins.
+model's prefill (kernel times from torch.profiler); ``--quant --quantizer fused`` times what the
+fused quantizer adds to the ops it joins there.
 
 Rows are merged into results/<gpu>_model.csv (a row per run, backend, scenario and mode) and
 results/<gpu>_quant.csv; ``python plot.py`` writes docs/torch.md's tables from them.
@@ -215,8 +215,7 @@ def time_quantizer(version: str, scaling: str | None, repeat: int) -> list[dict]
     timed the same way; the host µs of an eager call; and how far its output is from ``scaled.quantize``'s."""
     scaling = scaling or fp8_torch.scalings(version)[0]
     granularity = fp8_torch.ACTIVATION[scaling]
-    kernel_run = prefill_kernels(version, scaling, "kernel")
-    in_model = quantizer_in_model(kernel_run, version)
+    in_model = quantizer_in_model(prefill_kernels(version, scaling, "kernel"), version)
     matmul = importlib.import_module(f"matmul_{version}").matmul
     copy_bytes_per_s = bench.copy_bandwidth()
     print(f"device-to-device copy: {copy_bytes_per_s / 1e12:.2f} TB/s (bytes read + written)", flush=True)
@@ -254,14 +253,15 @@ def time_quantizer(version: str, scaling: str | None, repeat: int) -> list[dict]
                   f"({rows[-1]['pct_of_bandwidth']}% of the copy bandwidth, {rows[-1]['pct_of_gemm']}% of the "
                   f"{version} GEMM's {ms['gemm'] * 1e3:.1f} us); e4m3 values unlike scaled.quantize's: {mismatch:.2e}",
                   flush=True)
-    return rows + fused_rows(version, scaling, kernel_run)
+    return rows
 
 
-def fused_rows(version: str, scaling: str, kernel_run: list[tuple[str, float]]) -> list[dict]:
+def time_fused_quantizer(version: str, scaling: str | None) -> list[dict]:
     """quantizer='fused' in the compiled model's prefill (``fused_cost``): a row for each op it joins, against the
     GEMMs that op's x feeds; its e4m3 values against ``scaled.quantize``'s, from quantize_rows compiled alone."""
+    scaling = scaling or fp8_torch.scalings(version)[0]
     granularity = fp8_torch.ACTIVATION[scaling]
-    cost = fused_cost(kernel_run, prefill_kernels(version, scaling, "fused"), version)
+    cost = fused_cost(prefill_kernels(version, scaling, "kernel"), prefill_kernels(version, scaling, "fused"), version)
     compiled = torch.compile(fp8_torch.quantize_rows, fullgraph=True, dynamic=False)
     rows = []
     for group, (added, gemm) in cost.items():
@@ -433,13 +433,14 @@ def main(argv=None) -> int:
                         help="fp8: how compiled graphs quantize the activations: quantize.py's kernel (default), or "
                         "the same arithmetic in torch, which Inductor fuses into the op that writes them")
     parser.add_argument("--quant", action="store_true",
-                        help="fp8: time the activation quantizer at prefill shapes instead (results/<gpu>_quant.csv)")
+                        help="fp8: time the activation quantizer at prefill shapes instead (results/<gpu>_quant.csv); "
+                        "with --quantizer fused, what it adds to the ops it joins in the compiled model")
     parser.add_argument("--repeat", type=int, default=100, help="--quant: timed launches of each")
     parser.add_argument("--out", help="CSV to write (default results/<gpu>_model.csv, or _quant.csv)")
     args = parser.parse_args(argv)
-    if args.quantizer != "kernel" and (args.quant or not fp8_torch.is_fp8(args.version)):
-        parser.error("--quantizer chooses how an fp8 model's compiled graphs quantize; --quant times both "
-                     "quantizers and a 16-bit --version quantizes nothing")
+    if args.quantizer != "kernel" and not fp8_torch.is_fp8(args.version):
+        parser.error("--quantizer chooses how an fp8 model's compiled graphs quantize; a 16-bit --version quantizes "
+                     "nothing")
     try:
         gpu.gpu_arch()
     except gpu.UnsupportedGPUError as reason:
@@ -449,7 +450,9 @@ def main(argv=None) -> int:
         if not fp8_torch.is_fp8(args.version):
             parser.error(f"--quant times the fp8 activation quantizer: pass an fp8 --version, not {args.version}")
         path = args.out or cli.RESULTS_DIR / f"{gpu.gpu_label()}_quant.csv"
-        save(time_quantizer(args.version, args.scaling, args.repeat), path, QUANT_FIELDS, QUANT_KEY)
+        rows = (time_quantizer(args.version, args.scaling, args.repeat) if args.quantizer == "kernel"
+                else time_fused_quantizer(args.version, args.scaling))
+        save(rows, path, QUANT_FIELDS, QUANT_KEY)
         provenance.record_measured(args.version, path)
         return 0
     import transformers

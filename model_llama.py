@@ -62,8 +62,8 @@ FIELDS = ["gpu", "model", "run", "backend", "scenario", "mode", "ms", "tokens_pe
 # the activation quantizer at prefill: 2048 tokens into the layers' GEMMs (M x N x K): q/o, gate/up, down
 QUANT_SIZES = [(2048, 4096, 4096), (2048, 14336, 4096), (2048, 4096, 14336)]
 QUANT_FIELDS = ["gpu", "version", "scaling", "granularity", "m", "n", "k", "linears", "regime", "quant_ms",
-                "quant_spread_pct", "quant_spread_us", "host_us", "quant_tb_s", "pct_of_bandwidth", "copy_ms", "gemm_ms",
-                "pct_of_gemm", "x8_mismatch", "scale_max_rel_diff", "torch", "date"]
+                "quant_spread_pct", "quant_spread_us", "host_us", "quant_tb_s", "pct_of_bandwidth", "copy_ms",
+                "gemm_ms", "pct_of_gemm", "x8_mismatch", "scale_max_rel_diff", "torch", "date"]
 QUANT_KEY = ("version", "scaling", "m", "n", "k", "regime")
 GRAPH_PASSES = 4  # passes over the rotated inputs in each CUDA graph the quantizer's back-to-back regime replays
 # the quantizer in the model: a layer's Fp8Linears in call order (q, k, v, o, gate, up, down), one quantizer and one
@@ -225,9 +225,7 @@ def time_quantizer(version: str, scaling: str | None, repeat: int) -> list[dict]
         x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
         b8, scale_b = scaled.quantize(torch.randn(n, k, generator=gen, device="cuda"), fp8_torch.WEIGHT[scaling])
         a8, scale_a = fp8_torch.quantize_activations(x, granularity)
-        r8, r_scale = scaled.quantize(x, granularity)
-        mismatch = (a8.view(torch.uint8) != r8.view(torch.uint8)).float().mean().item()
-        scale_diff = ((scale_a - r_scale).abs() / r_scale).max().item()
+        mismatch, scale_diff = unlike_reference(x, granularity, a8, scale_a)
         out, copied = torch.empty(m, n, dtype=torch.bfloat16, device="cuda"), torch.empty_like(x)
         burst = measure.time_burst({"quantize": lambda: fp8_torch.quantize_activations(x, granularity),
                                     "copy": lambda: copied.copy_(x),
@@ -256,6 +254,14 @@ def time_quantizer(version: str, scaling: str | None, repeat: int) -> list[dict]
     return rows
 
 
+def unlike_reference(x: torch.Tensor, granularity: str, x8: torch.Tensor, scale: torch.Tensor) -> tuple[float, float]:
+    """How far a quantizer's (x8, scale) of x are from ``scaled.quantize``'s: the share of e4m3 values unlike its,
+    and the largest relative difference of a scale."""
+    r8, r_scale = scaled.quantize(x, granularity)
+    return ((x8.view(torch.uint8) != r8.view(torch.uint8)).float().mean().item(),
+            ((scale - r_scale).abs() / r_scale).max().item())
+
+
 def time_fused_quantizer(version: str, scaling: str | None) -> list[dict]:
     """quantizer='fused' in the compiled model's prefill (``fused_cost``): a row for each op it joins, against the
     GEMMs that op's x feeds; its e4m3 values against ``scaled.quantize``'s, from quantize_rows compiled alone."""
@@ -268,15 +274,14 @@ def time_fused_quantizer(version: str, scaling: str | None) -> list[dict]:
         shapes = [projection_shape(p) for p in group]
         m, k, n = shapes[0][0], shapes[0][2], sum(shape[1] for shape in shapes)
         x = torch.randn(m, k, generator=torch.Generator(device="cuda").manual_seed(k), device="cuda").bfloat16()
-        (a8, scale_a), (r8, r_scale) = compiled(x, granularity), scaled.quantize(x, granularity)
+        mismatch, scale_diff = unlike_reference(x, granularity, *compiled(x, granularity))
         us, gemm_us = statistics.median(added), statistics.median(gemm)
         rows.append({"gpu": torch.cuda.get_device_name(), "version": version, "scaling": scaling,
                      "granularity": granularity, "m": m, "n": n, "k": k, "linears": " ".join(group),
                      "regime": "in the model, fused", "quant_ms": f"{us / 1e3:.5f}",
                      "quant_spread_us": f"{max(added) - min(added):.1f}", "gemm_ms": f"{gemm_us / 1e3:.5f}",
                      "pct_of_gemm": f"{100 * us / gemm_us:.1f}",
-                     "x8_mismatch": f"{(a8.view(torch.uint8) != r8.view(torch.uint8)).float().mean().item():.2e}",
-                     "scale_max_rel_diff": f"{((scale_a - r_scale).abs() / r_scale).max().item():.2e}",
+                     "x8_mismatch": f"{mismatch:.2e}", "scale_max_rel_diff": f"{scale_diff:.2e}",
                      "torch": torch.__version__, "date": datetime.date.today().isoformat()})
         print(f"{m}x{n}x{k} ({' '.join(group)}) fused quantizer in the model: adds {us:.1f} us (layers "
               f"{', '.join(f'{a:.1f}' for a in added)}), {rows[-1]['pct_of_gemm']}% of the GEMMs' {gemm_us:.1f} us",
@@ -301,13 +306,23 @@ def prefill_kernels(version: str, scaling: str, quantizer: str) -> list[tuple[st
     return [(e.name, e.time_range.elapsed_us()) for e in kernels]
 
 
+def is_gemm(name: str, version: str) -> bool:
+    """A kernel of the version's GEMM, by its name."""
+    return f"matmul_{version}" in name.lower()
+
+
+def is_quantizer(name: str) -> bool:
+    """quantize.py's kernel, by its name (tilus' own: Inductor's kernels that feed a quantizer have 'quantize' in
+    their names too)."""
+    return name.startswith("tilus_quantize")
+
+
 def quantizer_in_model(kernels: list[tuple[str, float]], version: str) -> dict[tuple, tuple[list, list]]:
     """quantize.py's kernel and the GEMM it feeds as the compiled fp8 model's prefill runs them (``kernels``, from
     prefill_kernels), x written by the op just before (partly still in L2): {QUANT_SIZES shape: (quantizer µs, GEMM
     µs) in each of IN_MODEL_LAYERS layers} (``IN_MODEL``: which projection at which shape)."""
-    # tilus' own: Inductor's kernels that feed a quantizer have 'quantize' in their names too
-    quantizers = [us for name, us in kernels if name.startswith("tilus_quantize")]
-    gemms = [us for name, us in kernels if f"matmul_{version}" in name.lower()]
+    quantizers = [us for name, us in kernels if is_quantizer(name)]
+    gemms = [us for name, us in kernels if is_gemm(name, version)]
     return layer_pairs(quantizers, gemms, IN_MODEL_LAYERS)
 
 
@@ -316,12 +331,12 @@ def before_gemms(kernels: list[tuple[str, float]], version: str) -> list[tuple[f
     since the GEMM before it, the part of those in quantize.py's kernel)."""
     out, other, quant = [], 0.0, 0.0
     for name, us in kernels:
-        if f"matmul_{version}" in name.lower():
+        if is_gemm(name, version):
             out.append((us, other, quant))
             other = quant = 0.0
         else:
             other += us
-            quant += us if name.startswith("tilus_quantize") else 0.0
+            quant += us if is_quantizer(name) else 0.0
     return out
 
 

@@ -135,11 +135,18 @@ def quantize_rows(x: torch.Tensor, granularity: str, layout: str = "m4") -> tupl
     if granularity == "row":
         scale = x32.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / scaled.E4M3_MAX
         return (x32 / scale).clamp(-scaled.E4M3_MAX, scaled.E4M3_MAX).to(scaled.FP8), scale
-    kb = -(-k // scaled.BLOCK)
-    blocks = torch.nn.functional.pad(x32, (0, kb * scaled.BLOCK - k)).view(rows, kb, scaled.BLOCK)
-    scale = blocks.abs().amax(dim=2).clamp(min=1e-12) / scaled.E4M3_MAX
-    x8 = (blocks / scale[:, :, None]).clamp(-scaled.E4M3_MAX, scaled.E4M3_MAX).view(rows, kb * scaled.BLOCK)[:, :k]
-    x8 = x8.to(scaled.FP8).contiguous()
+    kb, whole = -(-k // scaled.BLOCK), k - k % scaled.BLOCK
+    if whole == 0:
+        x8, scale = quantize_rows(x, "row")  # one group: the row
+    elif whole < k:
+        # a last group shorter than 128 on its own, as a row: x padded to whole groups compiled to wrong values there
+        # on the CPU (torch 2.13)
+        (head8, head), (last8, last) = quantize_rows(x[:, :whole], granularity, "k"), quantize_rows(x[:, whole:], "row")
+        x8, scale = torch.cat([head8, last8], dim=1), torch.cat([head, last], dim=1)
+    else:
+        blocks = x32.view(rows, kb, scaled.BLOCK)
+        scale = blocks.abs().amax(dim=2).clamp(min=1e-12) / scaled.E4M3_MAX
+        x8 = (blocks / scale[:, :, None]).clamp(-scaled.E4M3_MAX, scaled.E4M3_MAX).view(rows, k).to(scaled.FP8)
     if layout == "k":
         return x8, scale
     by_k = scale.new_empty(kb, rows + (-rows % 4 if layout == "m4" else 0))  # K blocks x rows, as scaled.m_major

@@ -116,7 +116,6 @@ def test_the_quantizer_gives_scaled_quantizes_bits_in_each_layout(granularity):
                     assert scaled.m_major(scale) is scale  # v11 takes it as it is: no copy per call
 
 
-
 def test_the_quantizer_compiled_gives_the_same_bits_with_a_short_last_group():
     # quantizer='fused' compiles quantize_rows into the model; x padded to whole groups once compiled to wrong values
     # in the last group on the CPU (torch 2.13), where eagerly it was right
@@ -128,6 +127,7 @@ def test_the_quantizer_compiled_gives_the_same_bits_with_a_short_last_group():
             x8, scale = compiled(x, "1x128", layout)
             assert torch.equal(x8.view(torch.uint8), want8.view(torch.uint8)), (rows, k, layout)
             assert torch.equal(scale, want_scale), (rows, k, layout)
+
 
 def test_on_the_cpu_the_activations_are_quantized_in_torch():
     # on a GPU, quantize.py's kernel (tests/test_quantize.py); on the CPU, quantize_rows

@@ -697,9 +697,8 @@ class HopperMatmulV11Blockwise(HopperMatmulV11):
 
 # Per-tensor and row-wise scales with the promotion (matmul's accumulate="promoted"), as precise as
 # torch._scaled_mm's default: the block-wise K loop with every K block's scale 1, and v10's scales
-# on the finished sum. The block-wise kernel's tiles except 256 x 128, not yet measured with these scales.
-@tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k",
-                [tile for tile in BLOCKWISE_TILES if tile[0] != 256])
+# on the finished sum. The block-wise kernel's tiles.
+@tilus.autotune("block_m, block_n, block_k, stages, cluster_m, swap_ab, stream_k", BLOCKWISE_TILES)
 @tilus.autotune("group_m", [8])
 class HopperMatmulV11Promoted(HopperMatmulV11Blockwise):
     _autotune_space = {}

@@ -337,6 +337,16 @@ def test_each_run_has_its_table():
     assert "Fused (quantizer='fused')" in table and "Fused" not in plot.quant_table([quant, in_model])
 
 
+def test_the_gemm_share_counts_gemms_and_not_the_quantizer():
+    import model_llama
+
+    gemms = ["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", "tilus_hopper_matmul_v11_blockwise_kernel(int, int)",
+             "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"]
+    others = ["tilus_quantize_blocks_kernel(int, int, int, void*, void*, void*, int)",
+              "triton_poi_fused_mul_quantize_silu_view_8", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop"]
+    assert [model_llama.is_gemm_kernel(name) for name in gemms + others] == [True] * 3 + [False] * 3
+
+
 def test_the_model_pairs_each_projection_with_its_own_quantizer_and_gemm():
     import model_llama
 

@@ -178,8 +178,7 @@ def gemm_share(call) -> float:
 
 def is_gemm_kernel(name: str) -> bool:
     """A GEMM of cuBLAS's or a version's, by its kernel's name; not quantize.py's kernel, whose name is tilus' too."""
-    name = name.lower()
-    return any(k in name for k in GEMM_KERNELS) and "quantize" not in name
+    return any(k in name.lower() for k in GEMM_KERNELS) and not is_quantizer(name)
 
 
 def compare_logits(reference, swapped, config) -> tuple[float, float, float]:

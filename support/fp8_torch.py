@@ -157,13 +157,13 @@ def quantize_rows(x: torch.Tensor, granularity: str, layout: str = "m4") -> tupl
 # quantize.py's kernel as an op, registered on import (never first inside a trace), so that torch.compile traces
 # through it (fullgraph) and a CUDA graph records it
 @torch.library.custom_op("tilus_gemm::quantize", mutates_args=(), device_types="cuda")
-def quantize_op(x: torch.Tensor, granularity: str, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return quantize.quantize(x, granularity, layout)
+def quantize_op(x: torch.Tensor, granularity: str, layout: str, gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize.quantize(x, granularity, layout, gated)
 
 
 @quantize_op.register_fake
-def _(x, granularity, layout):
-    rows, k = x.shape
+def _(x, granularity, layout, gated=False):
+    rows, k = x.shape[0], x.shape[1] // 2 if gated else x.shape[1]
     shape, strides, _ = quantize.scale_layout(rows, k, granularity, layout)
     return x.new_empty(rows, k, dtype=scaled.FP8), x.new_empty_strided(shape, strides, dtype=torch.float32)
 
@@ -173,23 +173,28 @@ def check_quantizer(quantizer: str) -> None:
         raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}")
 
 
-def quantize_activations(x: torch.Tensor, granularity: str, layout: str = "m4",
-                         quantizer: str = "kernel") -> tuple[torch.Tensor, torch.Tensor]:
-    """x (rows x K, bf16/fp16/fp32) in e4m3 with its float32 scales: per token ('row', rows x 1) or per 1 x 128
-    block ('1x128', rows x ceil(K / 128), M-major as v11 takes them).
+def swiglu(x: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) x up of rows of gate then up (a Llama MLP's activation), in x's dtype as the 16-bit model does it."""
+    half = x.shape[-1] // 2
+    return nn.functional.silu(x[..., :half]) * x[..., half:]
 
-    On a GPU, quantize.py's kernel (one pass; inside torch.compile, through ``quantize_op``, or,
-    with ``quantizer='fused'``, ``quantize_rows`` for Inductor to fuse); on the CPU, ``quantize_rows``.
+
+def quantize_activations(x: torch.Tensor, granularity: str, layout: str = "m4", quantizer: str = "kernel",
+                         gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (rows x K, bf16/fp16/fp32) in e4m3 with its float32 scales: per token ('row', rows x 1) or per 1 x 128
+    block ('1x128', rows x ceil(K / 128), M-major as v11 takes them). ``gated``: x is rows x 2K, gate then up, and
+    what is quantized is ``swiglu(x)``.
+
+    On a GPU, quantize.py's kernel (one pass, SiLU x up included; inside torch.compile, through ``quantize_op``,
+    or, with ``quantizer='fused'``, ``quantize_rows`` for Inductor to fuse); on the CPU, ``quantize_rows``.
     """
     quantize.check_granularity(granularity)
     check_quantizer(quantizer)
-    if not x.is_cuda:
-        return quantize_rows(x, granularity, layout)
+    if not x.is_cuda or ((torch.compiler.is_compiling() or is_fake(x)) and quantizer == "fused"):
+        return quantize_rows(swiglu(x) if gated else x, granularity, layout)
     if torch.compiler.is_compiling() or is_fake(x):
-        if quantizer == "fused":
-            return quantize_rows(x, granularity, layout)
-        return torch.ops.tilus_gemm.quantize(x, granularity, layout)
-    return quantize.quantize(x, granularity, layout)
+        return torch.ops.tilus_gemm.quantize(x, granularity, layout, gated)
+    return quantize.quantize(x, granularity, layout, gated)
 
 
 # --- the Linear ----------------------------------------------------------------------------------------
@@ -213,13 +218,14 @@ class Fp8Linear(nn.Module):
     of W and per 1 x 128 block of x). ``backend``: 'tilus' (the version's op) or 'scaled_mm'
     (``torch._scaled_mm`` on the same tensors, through ``scaled_mm_op``: cuBLASLt, the peer).
     ``quantizer``: how a compiled graph quantizes x (``QUANTIZERS``); eagerly, quantize.py's kernel.
-    The weight, its scales and the bias are buffers: they move with ``.to()`` and are in the
+    ``gated``: x is 2 x in_features wide, gate then up, and the Linear takes SiLU(gate) x up, computed as it is
+    quantized (``Fp8GatedMLP``'s down projection). The weight, its scales and the bias are buffers: they move with ``.to()`` and are in the
     state dict, but are no Parameters.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, version: str = "v11",
-                 scaling: str | None = None, backend: str = "tilus", quantizer: str = "kernel", device=None,
-                 dtype=torch.bfloat16):
+                 scaling: str | None = None, backend: str = "tilus", quantizer: str = "kernel", gated: bool = False,
+                 device=None, dtype=torch.bfloat16):
         super().__init__()
         scaling = scaling or scalings(version)[0]
         if scaling not in scalings(version):
@@ -232,7 +238,7 @@ class Fp8Linear(nn.Module):
         if reason:
             raise ValueError(f"Fp8Linear({in_features}, {out_features}): {reason}")
         self.in_features, self.out_features, self.version = in_features, out_features, version
-        self.scaling, self.backend, self.quantizer, self.dtype = scaling, backend, quantizer, dtype
+        self.scaling, self.backend, self.quantizer, self.gated, self.dtype = scaling, backend, quantizer, gated, dtype
         n_scales = (out_features, 1) if scaling == "row" else (-(-out_features // scaled.BLOCK),
                                                                -(-in_features // scaled.BLOCK))
         self.register_buffer("weight", torch.empty(out_features, in_features, device=device, dtype=scaled.FP8))
@@ -243,11 +249,12 @@ class Fp8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, version: str = "v11", scaling: str | None = None,
-                    backend: str = "tilus", quantizer: str = "kernel") -> "Fp8Linear":
+                    backend: str = "tilus", quantizer: str = "kernel", gated: bool = False) -> "Fp8Linear":
         """An Fp8Linear holding ``linear``'s weight quantized (once, here) and a copy of its bias."""
         weight = linear.weight.detach()
         module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, version=version,
-                     scaling=scaling, backend=backend, quantizer=quantizer, device="meta", dtype=weight.dtype)
+                     scaling=scaling, backend=backend, quantizer=quantizer, gated=gated, device="meta",
+                     dtype=weight.dtype)
         module.weight, module.weight_scale = scaled.quantize(weight, WEIGHT[module.scaling])
         if linear.bias is not None:
             module.bias = linear.bias.detach().clone()
@@ -275,21 +282,22 @@ class Fp8Linear(nn.Module):
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError("Fp8Linear is inference-only (no backward through fp8): its input requires grad; call "
                                "the model under torch.no_grad() or torch.inference_mode()")
-        rows = x.reshape(-1, self.in_features)
+        rows = x.reshape(-1, 2 * self.in_features if self.gated else self.in_features)
         if not rows.shape[0]:
             return x.new_empty(*x.shape[:-1], self.out_features, dtype=self.dtype)
         if self.backend == "tilus":
-            a8, scale_a = quantize_activations(rows, ACTIVATION[self.scaling], quantizer=self.quantizer)
+            a8, scale_a = quantize_activations(rows, ACTIVATION[self.scaling], quantizer=self.quantizer,
+                                               gated=self.gated)
             y = self.gemm(a8, self.weight, scale_a, self.weight_scale, self.dtype)
         elif self.scaling == "row":  # like for like: v10's kernel sums all of K in the wgmma's own accumulator
-            a8, scale_a = quantize_activations(rows, "row", quantizer=self.quantizer)
+            a8, scale_a = quantize_activations(rows, "row", quantizer=self.quantizer, gated=self.gated)
             y = self.gemm(a8, self.weight.T, scale_a, self.weight_scale.view(1, -1), self.dtype, True)
         else:  # block-wise: cuBLASLt promotes, as v11 does (the default)
             if self.peer is None:
                 self.choose_peer_layout()
             pad = -rows.shape[0] % 16  # cuBLASLt has no block-wise kernel for M = 1 (NOT_SUPPORTED); zero rows add nothing
             a8, scale_a = quantize_activations(nn.functional.pad(rows, (0, 0, 0, pad)) if pad else rows, "1x128",
-                                               layout=self.peer, quantizer=self.quantizer)
+                                               layout=self.peer, quantizer=self.quantizer, gated=self.gated)
             y = self.gemm(a8, self.weight.T, scale_a, self.peer_scale_b, self.dtype, False)[:rows.shape[0]]
         if self.bias is not None:
             y = y + self.bias
@@ -297,12 +305,54 @@ class Fp8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"version={self.version}, scaling={self.scaling}, backend={self.backend}, quantizer={self.quantizer}")
+                f"version={self.version}, scaling={self.scaling}, backend={self.backend}, quantizer={self.quantizer}"
+                + (", gated=True" if self.gated else ""))
+
+
+class Fp8GatedMLP(nn.Module):
+    """A Llama MLP, ``down(SiLU(gate(x)) x up(x))``, in fp8 with SiLU x up never written in 16-bit: gate and up are
+    one Fp8Linear (their weights stacked, one GEMM twice as wide), and down a gated Fp8Linear, whose quantizer
+    computes SiLU(gate) x up from that GEMM's output as it quantizes it (one pass instead of two)."""
+
+    def __init__(self, gate_up: Fp8Linear, down: Fp8Linear):
+        super().__init__()
+        if not down.gated or gate_up.out_features != 2 * down.in_features:
+            raise ValueError(f"Fp8GatedMLP takes gate and up stacked ({gate_up.out_features} outputs) and a gated down "
+                             f"projection of half as many inputs (gated={down.gated}, {down.in_features} inputs)")
+        self.gate_up_proj, self.down_proj = gate_up, down
+
+    @classmethod
+    def from_mlp(cls, mlp: nn.Module, version: str = "v11", scaling: str | None = None, backend: str = "tilus",
+                 quantizer: str = "kernel") -> "Fp8GatedMLP":
+        """From a module with ``gate_proj``, ``up_proj`` and ``down_proj`` Linears and a SiLU ``act_fn`` (a Llama's)."""
+        gate, up = mlp.gate_proj, mlp.up_proj
+        stacked = nn.Linear(gate.in_features, 2 * gate.out_features, bias=gate.bias is not None, device="meta")
+        stacked.weight = nn.Parameter(torch.cat([gate.weight, up.weight]).detach(), requires_grad=False)
+        if gate.bias is not None:
+            stacked.bias = nn.Parameter(torch.cat([gate.bias, up.bias]).detach(), requires_grad=False)
+        options = {"version": version, "scaling": scaling, "backend": backend, "quantizer": quantizer}
+        return cls(Fp8Linear.from_linear(stacked, **options), Fp8Linear.from_linear(mlp.down_proj, gated=True, **options))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.gate_up_proj(x))
+
+
+def gated_mlp(module: nn.Module) -> bool:
+    """A Llama-style MLP that ``Fp8GatedMLP`` can take: plain gate, up and down Linears of matching shapes, SiLU."""
+    parts = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    if not all(type(part) is nn.Linear for part in parts):
+        return False
+    gate, up, down = parts
+    return (type(getattr(module, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")
+            and gate.weight.shape == up.weight.shape and down.in_features == gate.out_features
+            and (gate.bias is None) == (up.bias is None))
 
 
 def swap_linears(model: nn.Module, version: str = "v11", scaling: str | None = None, backend: str = "tilus",
-                 quantizer: str = "kernel", keep: dict[str, str] = KEEP) -> tuple[list[str], dict[str, str]]:
-    """Replace each eligible ``nn.Linear`` of ``model`` by an ``Fp8Linear`` on its weight, in place.
+                 quantizer: str = "kernel", keep: dict[str, str] = KEEP,
+                 gated: bool = False) -> tuple[list[str], dict[str, str]]:
+    """Replace each eligible ``nn.Linear`` of ``model`` by an ``Fp8Linear`` on its weight, in place; with ``gated``,
+    each Llama-style MLP (``gated_mlp``) by an ``Fp8GatedMLP`` first.
 
     A Linear whose attribute name is in ``keep`` (by default the LM head) stays as it is, as
     does one the fp8 path cannot take. Returns the names swapped and, for each ``nn.Linear`` left
@@ -311,6 +361,16 @@ def swap_linears(model: nn.Module, version: str = "v11", scaling: str | None = N
     from support.torch_op import linears
 
     swapped, kept = [], {}
+    options = {"version": version, "scaling": scaling, "backend": backend, "quantizer": quantizer}
+    for name, module in list(model.named_modules()) if gated else []:
+        for child_name, child in list(module.named_children()):
+            shapes = [(child.gate_proj.in_features, 2 * child.gate_proj.out_features),
+                      (child.down_proj.in_features, child.down_proj.out_features)] if gated_mlp(child) else []
+            if shapes and not any(ineligible(*shape, child.down_proj.weight.dtype, backend) for shape in shapes):
+                setattr(module, child_name, Fp8GatedMLP.from_mlp(child, **options))
+                full = f"{name}.{child_name}" if name else child_name
+                swapped += [f"{full}.gate_up_proj", f"{full}.down_proj"]
+                dispatch.reserve_workspace(child.down_proj.weight.device)
     for module, child_name, full, child in linears(model):
         if child_name in keep:
             kept[full] = f"stays {child.weight.dtype} {keep[child_name]}"

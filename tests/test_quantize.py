@@ -16,8 +16,11 @@ from support import build, dispatch, fp8_torch, gpu, scaled
 KERNELS = [(quantize.QuantizeBlocks, 128), (quantize.QuantizeRows, 4096), (quantize.QuantizeRows, 14336)]
 
 
-@pytest.mark.parametrize("kernel, group", KERNELS)
-@pytest.mark.parametrize("dtype", [tilus.bfloat16, tilus.float32])
+@pytest.mark.parametrize("kernel, group, dtype", [(kernel, group, dtype) for kernel, group in KERNELS
+                                                  for dtype in (tilus.bfloat16, tilus.float32)]
+                         # SiLU(gate) x up's: a Llama's MLP is bf16
+                         + [(quantize.QuantizeGatedBlocks, 128, tilus.bfloat16),
+                            (quantize.QuantizeGatedRows, 14336, tilus.bfloat16)])
 def test_every_schedule_builds_with_vector_loads_and_no_local_memory(kernel, group, dtype):
     results = build.build_schedules(kernel, "hopper", progress=lambda line: None,
                                     script_kwargs={"group": group, "dtype": dtype},
@@ -49,6 +52,10 @@ def test_bad_inputs_are_refused_in_words():
         quantize.quantize(x[:, :20], "1x128")
     with pytest.raises(TypeError, match="runs on a GPU"):
         quantize.quantize(x, "row")
+    with pytest.raises(ValueError, match="gate then up, two halves, got 249 columns"):
+        quantize.quantize(x[:, :249], "row", gated=True)
+    with pytest.raises(ValueError, match="whole 8-element vectors, got K = 60"):
+        quantize.quantize(x[:, :120], "row", gated=True)
 
 
 @pytest.mark.parametrize("granularity", ["row", "1x128"])
@@ -63,6 +70,9 @@ def test_the_op_gives_the_kernels_shapes_and_strides_to_fake_tensors(granularity
                 assert (tuple(x8.shape), x8.dtype, tuple(scale.shape)) == ((rows, k), scaled.FP8, (rows, groups))
                 if groups > 1:
                     assert scale.stride() == strides, (rows, k, layout)
+            # gated: gate then up in, SiLU(gate) x up's e4m3 and scales out
+            x8, scale = fp8_torch.quantize_activations(x.new_empty(rows, 2 * k), granularity, gated=True)
+            assert (tuple(x8.shape), tuple(scale.shape)) == ((rows, k), (rows, groups))
 
 
 @pytest.mark.gpu
@@ -86,6 +96,22 @@ def test_on_the_gpu_the_bits_are_scaled_quantizes(granularity):
             # one e4m3 step at most: e4m3 codes of one sign are in the order of their magnitudes
             steps = (x8.view(torch.uint8).int() - want8.view(torch.uint8).int()).abs()
             assert (steps <= 1).all(), (rows, k, dtype, layout)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("granularity", ["row", "1x128"])
+def test_on_the_gpu_the_gated_kernel_quantizes_torchs_silu_times_up(granularity):
+    # 200: a last 1 x 128 block of 72 columns, gate's masked before up's begin
+    for rows, k in [(1, 14336), (37, 4096), (5, 200)]:
+        x = torch.randn(rows, 2 * k, device="cuda").to(torch.bfloat16) * 3
+        want8, want_scale = scaled.quantize(fp8_torch.swiglu(x), granularity)
+        x8, scale = quantize.quantize(x, granularity, gated=True)
+        assert x8.shape == (rows, k) and scale.shape == want_scale.shape
+        # SiLU's exp and division in fast math may round a product to the neighbouring bf16 value, rarely: a group's
+        # largest then moves its scale by a bf16 step (2^-8), and each value in it by an e4m3 step at most
+        assert ((scale - want_scale).abs() <= 2 ** -8 * want_scale).all(), (rows, k)
+        steps = (x8.view(torch.uint8).int() - want8.view(torch.uint8).int()).abs()
+        assert (steps <= 1).all() and (steps > 0).float().mean() < 1e-2, (rows, k)
 
 
 @pytest.mark.gpu

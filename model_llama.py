@@ -1,7 +1,7 @@
 """A real model on the kernels: Llama-3-8B's layers, random weights, its Linears on a version's GEMM, against cuBLAS.
 
     python model_llama.py [--version v9] [--layers 2] [--seconds 0.5]    (needs: pip install -e ".[model]")
-    python model_llama.py --version v11 [--quant] [--quantizer fused]
+    python model_llama.py --version v11 [--quant] [--quantizer fused] [--gated]
 
 It builds Hugging Face transformers' Llama from a ``LlamaConfig`` with Llama-3-8B's layer
 dimensions (hidden 4096, MLP 14336, 32 heads, 8 KV heads) and a few layers, random bf16
@@ -26,7 +26,9 @@ Fp8Linears through ``torch._scaled_mm`` (the peer); the logits of each are compa
 bf16 model's. ``--quant`` times the activation quantizer instead, at prefill shapes, alone,
 back to back (replayed from CUDA graphs, as the compiled model runs it), and in the compiled
 model's prefill (kernel times from torch.profiler); ``--quant --quantizer fused`` times what the
-fused quantizer adds to the ops it joins there.
+fused quantizer adds to the ops it joins there. ``--gated`` runs each MLP as an ``Fp8GatedMLP`` in
+both fp8 models: gate and up one GEMM, and SiLU(gate) x up computed by the down projection's
+quantizer as it quantizes it.
 
 Rows are merged into results/<gpu>_model.csv (a row per run, backend, scenario and mode) and
 results/<gpu>_quant.csv; ``python plot.py`` writes docs/torch.md's tables from them.
@@ -193,17 +195,19 @@ def compare_logits(reference, swapped, config) -> tuple[float, float, float]:
             (a.argmax(-1) == b.argmax(-1)).float().mean().item(), measure.relative_error(b, a))
 
 
-def build_models(reference, version: str, scaling: str | None, quantizer: str = "kernel") -> dict:
+def build_models(reference, version: str, scaling: str | None, quantizer: str = "kernel", gated: bool = False) -> dict:
     """name -> model: the bf16 model on cuBLAS ('cublas') and copies with their Linears swapped: on a 16-bit
     version's op; or, for an fp8 version, on its op ('v11 fp8 block') and on torch._scaled_mm ('scaled_mm fp8
-    block'), the same Fp8Linears with the same quantized weights and the same ``quantizer``."""
+    block'), the same Fp8Linears with the same quantized weights, the same ``quantizer`` and, with ``gated``,
+    the same Fp8GatedMLPs."""
     models = {"cublas": reference}
     if not fp8_torch.is_fp8(version):
         backends = {version: {}}
     else:
         scaling = scaling or fp8_torch.scalings(version)[0]
-        backends = {f"{version} fp8 {scaling}": dict(scaling=scaling, quantizer=quantizer),
-                    f"scaled_mm fp8 {scaling}": dict(scaling=scaling, backend="scaled_mm", quantizer=quantizer)}
+        backends = {f"{version} fp8 {scaling}": dict(scaling=scaling, quantizer=quantizer, gated=gated),
+                    f"scaled_mm fp8 {scaling}": dict(scaling=scaling, backend="scaled_mm", quantizer=quantizer,
+                                                     gated=gated)}
     for name, options in backends.items():
         models[name] = copy.deepcopy(reference)
         names, kept = torch_op.swap_linears(models[name], version, **options)
@@ -429,12 +433,12 @@ def save(rows: list[dict], path, fields=FIELDS, key_fields=("run", "backend", "s
 
 
 def run_name(args) -> str:
-    """The run column: the version, the scaling where it is not the version's own ('v11-row'), and 'fused' where
-    compiled graphs quantize in torch ('v11-fused')."""
+    """The run column: the version, the scaling where it is not the version's own ('v11-row'), 'fused' where
+    compiled graphs quantize in torch ('v11-fused'), and 'gated' where the MLPs are Fp8GatedMLPs ('v11-gated')."""
     name = args.version
     if fp8_torch.is_fp8(args.version) and args.scaling and args.scaling != fp8_torch.scalings(args.version)[0]:
         name += f"-{args.scaling}"
-    return name + ("-fused" if args.quantizer == "fused" else "")
+    return name + ("-fused" if args.quantizer == "fused" else "") + ("-gated" if getattr(args, "gated", False) else "")
 
 
 def main(argv=None) -> int:
@@ -455,12 +459,17 @@ def main(argv=None) -> int:
     parser.add_argument("--quant", action="store_true",
                         help="fp8: time the activation quantizer at prefill shapes instead (results/<gpu>_quant.csv); "
                         "with --quantizer fused, what it adds to the ops it joins in the compiled model")
+    parser.add_argument("--gated", action="store_true",
+                        help="fp8: each MLP as an Fp8GatedMLP (gate and up one GEMM, SiLU x up computed as it is "
+                        "quantized), in both fp8 models")
     parser.add_argument("--repeat", type=int, default=100, help="--quant: timed launches of each")
     parser.add_argument("--out", help="CSV to write (default results/<gpu>_model.csv, or _quant.csv)")
     args = parser.parse_args(argv)
     if args.quantizer != "kernel" and not fp8_torch.is_fp8(args.version):
         parser.error("--quantizer chooses how an fp8 model's compiled graphs quantize; a 16-bit --version quantizes "
                      "nothing")
+    if args.gated and (not fp8_torch.is_fp8(args.version) or args.quant):
+        parser.error("--gated runs an fp8 model's MLPs as Fp8GatedMLPs: pass an fp8 --version, without --quant")
     try:
         gpu.gpu_arch()
     except gpu.UnsupportedGPUError as reason:
@@ -480,7 +489,7 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False  # cuBLAS accumulates in fp32 too
     config, reference = build(args.layers)
     print(f"Llama, {args.layers} layers of Llama-3-8B's dimensions, random bf16 weights", flush=True)
-    models = build_models(reference, args.version, args.scaling, args.quantizer)
+    models = build_models(reference, args.version, args.scaling, args.quantizer, args.gated)
     errors = {}
     for name, model in models.items():
         if name != "cublas":

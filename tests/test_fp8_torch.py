@@ -297,6 +297,12 @@ def test_a_fused_quantizer_run_is_a_run_of_its_own_and_only_for_an_fp8_model(cap
     with pytest.raises(SystemExit):
         model_llama.main(["--version", "v9", "--quantizer", "fused"])
     assert "--quantizer chooses how an fp8 model's compiled graphs quantize; a 16-bit" in capsys.readouterr().err
+    gated = argparse.Namespace(version="v11", scaling=None, quantizer="kernel", gated=True)
+    assert model_llama.run_name(gated) == "v11-gated"
+    for argv in (["--version", "v9", "--gated"], ["--version", "v11", "--quant", "--gated"]):
+        with pytest.raises(SystemExit):
+            model_llama.main(argv)
+        assert "--gated runs an fp8 model's MLPs as Fp8GatedMLPs" in capsys.readouterr().err
 
 
 def test_a_back_to_back_quantizer_row_does_not_replace_a_burst_one(tmp_path):

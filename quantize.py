@@ -5,9 +5,10 @@ largest magnitude, stores the e4m3 values and one scale per group, and is done. 
 cores, no pipeline: its speed is the bytes it moves (for bf16, 2 read and 1 written an
 element) against the copy bandwidth, and what hides memory latency is bytes in flight, so the
 schedules differ in how many rows a block loads at once. A group is 128 columns (v11's 1 x 128
-activation blocks) or a whole row (v10's per-token scales). The arithmetic is
-``scaled.quantize``'s; tilus' fast division may round a quotient on an e4m3 boundary the
-other way (one e4m3 step, rarely).
+activation blocks) or a whole row (v10's per-token scales). The gated kernels first compute
+x = SiLU(gate) x up from each row's two halves (a Llama MLP's), so that x is never stored in
+16 bits. The arithmetic is ``scaled.quantize``'s; tilus' fast division may round a quotient
+on an e4m3 boundary the other way (one e4m3 step, rarely).
 """
 
 import tilus

@@ -141,6 +141,8 @@ def quantize(x: torch.Tensor, granularity: str, layout: str = "m4",
     if k % VECTOR or not k:
         raise ValueError(f"quantize takes rows of whole {VECTOR}-element vectors, got K = {k} (an fp8 GEMM's "
                          "K is a multiple of 16 anyway: TMA moves 16-byte rows)")
+    if x.numel() >= 2 ** 31:
+        raise ValueError(f"quantize indexes x with 32-bit offsets: at most 2^31 - 1 elements, got {x.numel()}")
     if not x.is_cuda:
         raise TypeError(f"quantize runs on a GPU, got a tensor on {x.device} (scaled.quantize is the CPU's)")
     if not x.is_contiguous() or x.data_ptr() % 16:

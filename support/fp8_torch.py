@@ -157,7 +157,8 @@ def quantize_rows(x: torch.Tensor, granularity: str, layout: str = "m4") -> tupl
 # quantize.py's kernel as an op, registered on import (never first inside a trace), so that torch.compile traces
 # through it (fullgraph) and a CUDA graph records it
 @torch.library.custom_op("tilus_gemm::quantize", mutates_args=(), device_types="cuda")
-def quantize_op(x: torch.Tensor, granularity: str, layout: str, gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_op(x: torch.Tensor, granularity: str, layout: str,
+                gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize.quantize(x, granularity, layout, gated)
 
 
@@ -219,8 +220,8 @@ class Fp8Linear(nn.Module):
     (``torch._scaled_mm`` on the same tensors, through ``scaled_mm_op``: cuBLASLt, the peer).
     ``quantizer``: how a compiled graph quantizes x (``QUANTIZERS``); eagerly, quantize.py's kernel.
     ``gated``: x is 2 x in_features wide, gate then up, and the Linear takes SiLU(gate) x up, computed as it is
-    quantized (``Fp8GatedMLP``'s down projection). The weight, its scales and the bias are buffers: they move with ``.to()`` and are in the
-    state dict, but are no Parameters.
+    quantized (``Fp8GatedMLP``'s down projection). The weight, its scales and the bias are buffers:
+    they move with ``.to()`` and are in the state dict, but are no Parameters.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, version: str = "v11",
@@ -282,7 +283,12 @@ class Fp8Linear(nn.Module):
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError("Fp8Linear is inference-only (no backward through fp8): its input requires grad; call "
                                "the model under torch.no_grad() or torch.inference_mode()")
-        rows = x.reshape(-1, 2 * self.in_features if self.gated else self.in_features)
+        width = 2 * self.in_features if self.gated else self.in_features
+        if x.shape[-1] != width:
+            raise ValueError(f"Fp8Linear({self.in_features}, {self.out_features}" + (", gated" if self.gated else "")
+                             + f") takes rows of {width}" + (" (gate, then up)" if self.gated else "")
+                             + f", got {x.shape[-1]}")
+        rows = x.reshape(-1, width)
         if not rows.shape[0]:
             return x.new_empty(*x.shape[:-1], self.out_features, dtype=self.dtype)
         if self.backend == "tilus":
@@ -316,22 +322,29 @@ class Fp8GatedMLP(nn.Module):
 
     def __init__(self, gate_up: Fp8Linear, down: Fp8Linear):
         super().__init__()
-        if not down.gated or gate_up.out_features != 2 * down.in_features:
+        if gate_up.gated or not down.gated or gate_up.out_features != 2 * down.in_features:
             raise ValueError(f"Fp8GatedMLP takes gate and up stacked ({gate_up.out_features} outputs) and a gated down "
                              f"projection of half as many inputs (gated={down.gated}, {down.in_features} inputs)")
+        alike = ("version", "scaling", "backend", "quantizer", "dtype")
+        if any(getattr(gate_up, name) != getattr(down, name) for name in alike):
+            raise ValueError(f"Fp8GatedMLP's two Linears differ in their {', '.join(alike)}: {gate_up} and {down}")
         self.gate_up_proj, self.down_proj = gate_up, down
 
     @classmethod
     def from_mlp(cls, mlp: nn.Module, version: str = "v11", scaling: str | None = None, backend: str = "tilus",
                  quantizer: str = "kernel") -> "Fp8GatedMLP":
         """From a module with ``gate_proj``, ``up_proj`` and ``down_proj`` Linears and a SiLU ``act_fn`` (a Llama's)."""
+        if not gated_mlp(mlp):
+            raise ValueError(f"Fp8GatedMLP takes an MLP of plain gate, up and down Linears of matching shapes and a "
+                             f"SiLU act_fn: {type(mlp).__name__} is not one")
         gate, up = mlp.gate_proj, mlp.up_proj
         stacked = nn.Linear(gate.in_features, 2 * gate.out_features, bias=gate.bias is not None, device="meta")
         stacked.weight = nn.Parameter(torch.cat([gate.weight, up.weight]).detach(), requires_grad=False)
         if gate.bias is not None:
             stacked.bias = nn.Parameter(torch.cat([gate.bias, up.bias]).detach(), requires_grad=False)
         options = {"version": version, "scaling": scaling, "backend": backend, "quantizer": quantizer}
-        return cls(Fp8Linear.from_linear(stacked, **options), Fp8Linear.from_linear(mlp.down_proj, gated=True, **options))
+        return cls(Fp8Linear.from_linear(stacked, **options),
+                   Fp8Linear.from_linear(mlp.down_proj, gated=True, **options))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(x))
@@ -364,8 +377,10 @@ def swap_linears(model: nn.Module, version: str = "v11", scaling: str | None = N
     options = {"version": version, "scaling": scaling, "backend": backend, "quantizer": quantizer}
     for name, module in list(model.named_modules()) if gated else []:
         for child_name, child in list(module.named_children()):
+            kept_part = any(name in keep for name in ("gate_proj", "up_proj", "down_proj"))
             shapes = [(child.gate_proj.in_features, 2 * child.gate_proj.out_features),
-                      (child.down_proj.in_features, child.down_proj.out_features)] if gated_mlp(child) else []
+                      (child.down_proj.in_features, child.down_proj.out_features)] \
+                if gated_mlp(child) and not kept_part else []
             if shapes and not any(ineligible(*shape, child.down_proj.weight.dtype, backend) for shape in shapes):
                 setattr(module, child_name, Fp8GatedMLP.from_mlp(child, **options))
                 full = f"{name}.{child_name}" if name else child_name
@@ -386,7 +401,8 @@ def swap_linears(model: nn.Module, version: str = "v11", scaling: str | None = N
 def prepare(version: str, sizes, scaling: str | None = None, out_dtype: torch.dtype = torch.bfloat16,
             device: str = "cuda") -> None:
     """Build and tune each (M, N, K) now, with the scaling's scales, so that no later call tunes (e.g. inside a graph
-    capture); the activation quantizer is built and tuned for each (M, K) too."""
+    capture); the activation quantizer is built and tuned for each (M, K) too (a gated one, Fp8GatedMLP's down, at
+    its first eager call)."""
     scaling = scaling or scalings(version)[0]
     gemm = op(version)
     for m, n, k in sizes:

@@ -234,11 +234,23 @@ def test_a_gated_swap_stacks_gate_and_up_and_gates_down():
     assert "gated=True" in repr(mlp.down_proj)
     with pytest.raises(ValueError, match="gate and up stacked .* a gated down projection"):
         fp8_torch.Fp8GatedMLP(mlp.gate_up_proj, fp8_torch.Fp8Linear(128, 64))
-    # an MLP of another activation is not a SwiGLU: its Linears are swapped one by one
+    with pytest.raises(ValueError, match="differ in their version, scaling"):
+        fp8_torch.Fp8GatedMLP(mlp.gate_up_proj, fp8_torch.Fp8Linear(128, 64, scaling="row", gated=True))
+    with pytest.raises(ValueError, match=r"Fp8Linear\(128, 64, gated\) takes rows of 256 \(gate, then up\), got 128"):
+        with torch.no_grad():
+            mlp.down_proj(torch.zeros(3, 128, dtype=torch.bfloat16))
+    # an MLP of another activation is not a SwiGLU: its Linears are swapped one by one, and from_mlp refuses it
     _, model = tiny_llama()
     model.model.layers[0].mlp.act_fn = nn.GELU()
+    with pytest.raises(ValueError, match="a SiLU act_fn: LlamaMLP is not one"):
+        fp8_torch.Fp8GatedMLP.from_mlp(model.model.layers[0].mlp)
     swapped, _ = fp8_torch.swap_linears(model, "v11", gated=True)
     assert "model.layers.0.mlp.gate_proj" in swapped and "model.layers.1.mlp.gate_up_proj" in swapped
+    # an MLP with a Linear kept in 16-bit keeps its Linears apart
+    _, model = tiny_llama()
+    swapped, kept = fp8_torch.swap_linears(model, "v11", gated=True, keep={"down_proj": "for the test"})
+    assert "model.layers.0.mlp.gate_proj" in swapped
+    assert kept["model.layers.0.mlp.down_proj"] == "stays torch.bfloat16 for the test"
 
 
 def test_fp8_linear_gives_its_shapes_under_fake_tensors():

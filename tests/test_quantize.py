@@ -56,6 +56,8 @@ def test_bad_inputs_are_refused_in_words():
         quantize.quantize(x[:, :249], "row", gated=True)
     with pytest.raises(ValueError, match="whole 8-element vectors, got K = 60"):
         quantize.quantize(x[:, :120], "row", gated=True)
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        quantize.quantize(torch.empty(2 ** 20, 2 ** 11, dtype=torch.bfloat16, device="meta"), "row")
 
 
 @pytest.mark.parametrize("granularity", ["row", "1x128"])
@@ -108,8 +110,8 @@ def test_on_the_gpu_the_gated_kernel_quantizes_torchs_silu_times_up(granularity)
         x8, scale = quantize.quantize(x, granularity, gated=True)
         assert x8.shape == (rows, k) and scale.shape == want_scale.shape
         # SiLU's exp and division in fast math may round a product to the neighbouring bf16 value, rarely: a group's
-        # largest then moves its scale by a bf16 step (2^-8), and each value in it by an e4m3 step at most
-        assert ((scale - want_scale).abs() <= 2 ** -8 * want_scale).all(), (rows, k)
+        # largest then moves its scale by a bf16 step (at most 2^-7 of it), and each value in it by an e4m3 step
+        assert ((scale - want_scale).abs() <= 2 ** -7 * want_scale * (1 + 1e-6)).all(), (rows, k)
         steps = (x8.view(torch.uint8).int() - want8.view(torch.uint8).int()).abs()
         assert (steps <= 1).all() and (steps > 0).float().mean() < 1e-2, (rows, k)
 

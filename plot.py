@@ -521,7 +521,9 @@ def model_table(rows: list[dict], run: str = "v9") -> str:
     each scenario and mode; an fp8 run's table is ``fp8_model_table``'s."""
     rows = [r for r in rows if r.get("run", "v9") == run]  # rows from before the run column are v9's
     if not rows:
-        return f"Not measured yet: `python model_llama.py --version {run}` measures it.\n"
+        version, *flags = run.split("-")  # model_llama's run_name: 'v11-fused-gated' is --quantizer fused --gated
+        options = "".join(" --quantizer fused" if f == "fused" else f" --{f}" for f in flags)
+        return f"Not measured yet: `python model_llama.py --version {version}{options}` measures it.\n"
     if any("fp8" in r["backend"] for r in rows):
         return fp8_model_table(rows)
     versions = sorted({r["backend"] for r in rows} - {"cublas"})

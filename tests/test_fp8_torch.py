@@ -360,6 +360,9 @@ def test_each_run_has_its_table():
     assert "| prefill 1x2048 | compiled | 100 | 140 (140.0% ±0.5) | 130 (130.0% ±0.5) | 1.08x | - |" in fp8
     assert "v11 fp8 block 4.5e-02, the same next token at 90.0%" in fp8
     assert plot.model_table(model_rows(), "v10").startswith("Not measured yet: `python model_llama.py --version v10`")
+    assert plot.model_table(model_rows(), "v11-gated").startswith(
+        "Not measured yet: `python model_llama.py --version v11 --gated` measures it.")
+    assert "--version v11 --quantizer fused --gated`" in plot.model_table(model_rows(), "v11-fused-gated")
     assert plot.quant_table([]).startswith("Not measured yet")
     quant = {"gpu": "NVIDIA H100 80GB HBM3", "version": "v11", "scaling": "block", "granularity": "1x128", "m": "2048",
              "n": "4096", "k": "4096", "quant_ms": "0.0123", "quant_tb_s": "1.700", "pct_of_bandwidth": "81.2",

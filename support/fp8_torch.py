@@ -1,11 +1,12 @@
 """The fp8 versions (v10, v11) in a torch program: an op, activation quantization, an inference-only Linear, the swap.
 
-    from support.fp8_torch import Fp8Linear, op, quantize_activations, swap_linears
+    from support.fp8_torch import Fp8Linear, compile_options, op, quantize_activations, swap_linears
 
     c = op("v11")(a8, b8, scale_a, scale_b, torch.bfloat16)  # torch.ops.tilus_gemm.v11
     x8, scale = quantize_activations(x, "1x128")  # e4m3 and float32 scales, as v11 takes them
     swapped, kept = swap_linears(model, "v11", scaling="block")  # each eligible nn.Linear but the LM head
     layer = Fp8Linear.from_linear(linear, "v10", scaling="row")
+    compiled = torch.compile(model, options=compile_options())  # Linears that read one x quantize it once
 
 - ``op(version)`` is ``torch.ops.tilus_gemm.<version>``: ``(a8, b8, scale_a, scale_b, out_dtype)
   -> C`` through that version's ``matmul``. The scaling follows from the scales' shapes, as
@@ -22,12 +23,15 @@
   Inference only: a call that autograd would record raises. ``backend="scaled_mm"`` runs the
   same quantized tensors through ``torch._scaled_mm`` (cuBLASLt, as the op ``scaled_mm_op``)
   instead: the peer it is timed against.
+- ``compile_options()`` adds ``ShareQuantizers`` to Inductor's passes: Linears that read one x
+  (q, k and v) launch one quantizer in a compiled graph, not one each.
 """
 
 import importlib
 
 import torch
 from torch import nn
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch._subclasses.fake_tensor import is_fake
 
 import quantize
@@ -196,6 +200,57 @@ def quantize_activations(x: torch.Tensor, granularity: str, layout: str = "m4", 
     if torch.compiler.is_compiling() or is_fake(x):
         return torch.ops.tilus_gemm.quantize(x, granularity, layout, gated)
     return quantize.quantize(x, granularity, layout, gated)
+
+
+# --- one quantizer launch per input, in a compiled graph -------------------------------------------------
+
+class ShareQuantizers(CustomGraphPass):
+    """An Inductor pass (``compile_options``): Linears that read one x (q, k and v; gate and up) quantize it once.
+
+    Each Fp8Linear calls the quantizer op on its own x, and nothing merges identical calls in an inference graph:
+    AOTAutograd's CSE runs only when it partitions a training graph, or with freezing. The pass merges the op's
+    calls on the same x (through the same views) with the same arguments, between two writes to memory (an op
+    with a mutable schema), unless the graph returns what they make (two outputs would then be one tensor). It
+    changes no other call, so a graph without the op stays as it is.
+    """
+
+    VIEWS = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default)
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        returned = {value for node in graph.find_nodes(op="output") for value in node.all_input_nodes}
+        seen, writes = {}, 0
+        for node in list(graph.nodes):
+            if node.op != "call_function":
+                continue
+            if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+                writes += 1  # a later call may read other values
+            elif node.target is torch.ops.tilus_gemm.quantize.default and returned.isdisjoint(node.users):
+                try:
+                    first = seen.setdefault((writes, self.source(node.args[0]), node.args[1:], str(node.kwargs)), node)
+                except TypeError:  # a size that does not hash (a symbolic one): left alone
+                    continue
+                if first is not node:
+                    x = node.args[0]
+                    node.replace_all_uses_with(first)
+                    graph.erase_node(node)
+                    while x.op == "call_function" and x.target in self.VIEWS and not x.users:  # its views, unused now
+                        x, dead = x.args[0], x
+                        graph.erase_node(dead)
+
+    def source(self, x: torch.fx.Node) -> tuple:
+        """What x is, up to views: the node they start from and each view's target and size, hashable."""
+        if x.op == "call_function" and x.target in self.VIEWS:
+            return (*self.source(x.args[0]), x.target, tuple(x.args[1]))
+        return (x,)
+
+    def uuid(self) -> bytes:
+        return get_hash_for_files((__file__,))
+
+
+def compile_options(cudagraphs: bool = False) -> dict:
+    """``torch.compile(model, options=...)`` for a model with Fp8Linears: ``ShareQuantizers``, and with
+    ``cudagraphs`` what ``mode="reduce-overhead"`` sets (torch.compile takes a mode or options, not both)."""
+    return {"post_grad_custom_pre_pass": ShareQuantizers()} | ({"triton.cudagraphs": True} if cudagraphs else {})
 
 
 # --- the Linear ----------------------------------------------------------------------------------------

@@ -279,6 +279,79 @@ def test_a_tiny_llama_in_fp8_traces_whole(version, scaling, backend, target, gat
     assert sum("aten.amax" in t for t in targets) == len(swapped)  # each input's quantizer, traced in
 
 
+def quantizer_graph(fn) -> torch.fx.Graph:
+    """fn's graph of aten ops and quantizer ops (fake tensors, on the CPU), after ShareQuantizers."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    graph = make_fx(fn, tracing_mode="fake")(torch.randn(2, 8, 256, dtype=torch.bfloat16)).graph
+    fp8_torch.ShareQuantizers()(graph)
+    graph.lint()
+    return graph
+
+
+def quantizers(graph: torch.fx.Graph) -> list:
+    return [node.args[1:] for node in graph.find_nodes(op="call_function", target=torch.ops.tilus_gemm.quantize.default)]
+
+
+def test_linears_that_read_one_x_quantize_it_once_in_a_compiled_graph():
+    quantize = torch.ops.tilus_gemm.quantize
+
+    def three_linears(x):  # as q, k and v: each reshapes x and quantizes it; one other granularity
+        q, k, v = (quantize(x.reshape(-1, 256), "1x128", "m4", False) for _ in range(3))
+        rows = quantize(x.reshape(-1, 256), "row", "m4", False)
+        return sum(t[0].float().sum() + t[1].sum() for t in (q, k, v, rows))
+
+    assert quantizers(quantizer_graph(three_linears)) == [("1x128", "m4"), ("row", "m4")]  # make_fx drops a default
+
+    def written_between(x):  # x changes between the two calls: both stay
+        first = quantize(x.reshape(-1, 256), "1x128", "m4", False)
+        x.add_(1)
+        return first[0].float().sum() + quantize(x.reshape(-1, 256), "1x128", "m4", False)[0].float().sum()
+
+    assert len(quantizers(quantizer_graph(written_between))) == 2
+
+    def returned(x):  # the caller gets two scales: two tensors, not one
+        return quantize(x.reshape(-1, 256), "1x128", "m4", False)[1], quantize(x.reshape(-1, 256), "1x128", "m4", False)[1]
+
+    assert len(quantizers(quantizer_graph(returned))) == 2
+
+    def no_quantizer(x):  # two like views, and no quantizer: the graph stays as it is
+        return x.reshape(-1, 256).sum() + x.reshape(-1, 256).amax()
+
+    assert len(quantizer_graph(no_quantizer).find_nodes(op="call_function", target=torch.ops.aten.view.default)) == 2
+
+
+@pytest.mark.parametrize("options, launches", [({}, 3), (fp8_torch.compile_options(), 1)])
+def test_inductor_runs_the_pass_of_the_compile_options(options, launches):
+    # the op has a GPU kernel only: here, for this test, torch's quantizer counts its calls on the CPU
+    calls = []
+
+    def on_the_cpu(x, granularity, layout, gated=False):
+        calls.append(granularity)
+        return fp8_torch.quantize_rows(x, granularity, layout)
+
+    def three_linears(x):
+        outs = [torch.ops.tilus_gemm.quantize(x.reshape(-1, 256), "1x128", "m4", False) for _ in range(3)]
+        return [x8.float() * scale.repeat_interleave(128, dim=1) for x8, scale in outs]
+
+    x = torch.randn(2, 8, 256, dtype=torch.bfloat16)
+    with torch.library._scoped_library("tilus_gemm", "IMPL") as library:
+        library.impl("quantize", on_the_cpu, "CPU")
+        expected = three_linears(x)
+        torch._dynamo.reset()
+        calls.clear()
+        got = torch.compile(three_linears, fullgraph=True, options=options)(x)
+    assert len(calls) == launches
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_the_compile_options_share_quantizers_and_take_cuda_graphs():
+    options = fp8_torch.compile_options(cudagraphs=True)
+    assert isinstance(options["post_grad_custom_pre_pass"], fp8_torch.ShareQuantizers) and options["triton.cudagraphs"]
+    assert "triton.cudagraphs" not in fp8_torch.compile_options()
+    assert fp8_torch.ShareQuantizers().uuid() == fp8_torch.ShareQuantizers().uuid()  # Inductor's cache key
+
+
 # --- the fp8 model's tables -----------------------------------------------------------------------------
 
 
@@ -533,6 +606,26 @@ def test_a_fused_quantizer_leaves_no_quantize_kernel_in_a_compiled_graph(quantiz
     x = torch.randn(3, 5, 256, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         compiled(x)  # compiles, builds and tunes
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            compiled(x)
+            torch.cuda.synchronize()
+    names = [e.name for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum(name.startswith("tilus_quantize") for name in names) == launches, names
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("options, launches", [({}, 3), (fp8_torch.compile_options(), 1)])
+def test_compiled_with_the_options_linears_that_read_one_x_launch_one_quantizer(options, launches):
+    torch.manual_seed(0)
+    linears = nn.ModuleList(nn.Linear(256, 128) for _ in range(3)).to("cuda", torch.bfloat16)  # as q, k and v
+    fp8_torch.swap_linears(linears, "v11", scaling="block")
+    model = types.SimpleNamespace(forward=lambda x: torch.cat([linear(x) for linear in linears], dim=-1))
+    torch._dynamo.reset()
+    compiled = torch.compile(model.forward, fullgraph=True, options=options)
+    x = torch.randn(3, 5, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), model.forward(x))  # compiles, builds and tunes; the same bits as eager
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
             compiled(x)

@@ -28,6 +28,7 @@
 """
 
 import importlib
+import operator
 
 import torch
 from torch import nn
@@ -207,41 +208,52 @@ def quantize_activations(x: torch.Tensor, granularity: str, layout: str = "m4", 
 class ShareQuantizers(CustomGraphPass):
     """An Inductor pass (``compile_options``): Linears that read one x (q, k and v; gate and up) quantize it once.
 
-    Each Fp8Linear calls the quantizer op on its own x, and nothing merges identical calls in an inference graph:
-    AOTAutograd's CSE runs only when it partitions a training graph, or with freezing. The pass merges the op's
-    calls on the same x (through the same views) with the same arguments, between two writes to memory (an op
-    with a mutable schema), unless the graph returns what they make (two outputs would then be one tensor). It
-    changes no other call, so a graph without the op stays as it is.
+    Each Fp8Linear calls the quantizer op on its own x. In an inference graph, Inductor does not merge identical
+    calls of a custom op: AOTAutograd's CSE runs only when it partitions a training graph, or with freezing. The
+    pass merges the op's calls on the same x, through the same views (or zero padding), with the same arguments.
+    The graph is functional, so x written between two calls is another node; a count of ops with a mutable schema
+    keeps the calls apart in a graph that is not. Calls whose results the graph returns (through views too) stay
+    apart: two outputs would be one tensor. A graph without the op stays as it is.
     """
 
-    VIEWS = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default)
+    LEADS = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default,
+             torch.ops.aten.constant_pad_nd.default)  # what a Linear does to x before it quantizes it
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        returned = {value for node in graph.find_nodes(op="output") for value in node.all_input_nodes}
         seen, writes = {}, 0
         for node in list(graph.nodes):
             if node.op != "call_function":
                 continue
             if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
-                writes += 1  # a later call may read other values
-            elif node.target is torch.ops.tilus_gemm.quantize.default and returned.isdisjoint(node.users):
-                try:
-                    first = seen.setdefault((writes, self.source(node.args[0]), node.args[1:], str(node.kwargs)), node)
-                except TypeError:  # a size that does not hash (a symbolic one): left alone
-                    continue
+                writes += 1
+            elif node.target is torch.ops.tilus_gemm.quantize.default and not self.returned(node):
+                key = (writes, self.source(node.args[0]), node.args[1:], tuple(sorted(node.kwargs.items())))
+                first = seen.setdefault(key, node)
                 if first is not node:
                     x = node.args[0]
                     node.replace_all_uses_with(first)
                     graph.erase_node(node)
-                    while x.op == "call_function" and x.target in self.VIEWS and not x.users:  # its views, unused now
+                    while x.op == "call_function" and x.target in self.LEADS and not x.users:  # unused now
                         x, dead = x.args[0], x
                         graph.erase_node(dead)
 
     def source(self, x: torch.fx.Node) -> tuple:
-        """What x is, up to views: the node they start from and each view's target and size, hashable."""
-        if x.op == "call_function" and x.target in self.VIEWS:
-            return (*self.source(x.args[0]), x.target, tuple(x.args[1]))
+        """What x is, up to LEADS: the node they start from and each one's target and arguments, hashable."""
+        if x.op == "call_function" and x.target in self.LEADS:
+            return (*self.source(x.args[0]), x.target, *(tuple(a) if isinstance(a, list) else a for a in x.args[1:]))
         return (x,)
+
+    @staticmethod
+    def returned(node: torch.fx.Node) -> bool:
+        """Whether the graph returns the node's result or a view of it."""
+        users = list(node.users)
+        while users:
+            user = users.pop()
+            if user.op == "output":
+                return True
+            if user.target is operator.getitem or getattr(user.target, "is_view", False):
+                users.extend(user.users)
+        return False
 
     def uuid(self) -> bytes:
         return get_hash_for_files((__file__,))
@@ -250,7 +262,8 @@ class ShareQuantizers(CustomGraphPass):
 def compile_options(cudagraphs: bool = False) -> dict:
     """``torch.compile(model, options=...)`` for a model with Fp8Linears: ``ShareQuantizers``, and with
     ``cudagraphs`` what ``mode="reduce-overhead"`` sets (torch.compile takes a mode or options, not both)."""
-    return {"post_grad_custom_pre_pass": ShareQuantizers()} | ({"triton.cudagraphs": True} if cudagraphs else {})
+    return {"post_grad_custom_pre_pass": ShareQuantizers(),
+            **(torch._inductor.list_mode_options("reduce-overhead") if cudagraphs else {})}
 
 
 # --- the Linear ----------------------------------------------------------------------------------------

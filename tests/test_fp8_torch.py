@@ -279,50 +279,47 @@ def test_a_tiny_llama_in_fp8_traces_whole(version, scaling, backend, target, gat
     assert sum("aten.amax" in t for t in targets) == len(swapped)  # each input's quantizer, traced in
 
 
-def quantizer_graph(fn) -> torch.fx.Graph:
-    """fn's graph of aten ops and quantizer ops (fake tensors, on the CPU), after ShareQuantizers."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    graph = make_fx(fn, tracing_mode="fake")(torch.randn(2, 8, 256, dtype=torch.bfloat16)).graph
-    fp8_torch.ShareQuantizers()(graph)
-    graph.lint()
-    return graph
+def quantize_once(x, pad: int = 0):
+    """What an Fp8Linear does to x before its GEMM (the peer pads M), on the quantizer op."""
+    rows = x.reshape(-1, 256)
+    return torch.ops.tilus_gemm.quantize(nn.functional.pad(rows, (0, 0, 0, pad)) if pad else rows, "1x128", "m4", False)
 
 
-def quantizers(graph: torch.fx.Graph) -> list:
-    return [node.args[1:] for node in graph.find_nodes(op="call_function", target=torch.ops.tilus_gemm.quantize.default)]
+def use(*quantized):
+    return [x8.float() * scale.repeat_interleave(128, dim=1) for x8, scale in quantized]
 
 
-def test_linears_that_read_one_x_quantize_it_once_in_a_compiled_graph():
-    quantize = torch.ops.tilus_gemm.quantize
-
-    def three_linears(x):  # as q, k and v: each reshapes x and quantizes it; one other granularity
-        q, k, v = (quantize(x.reshape(-1, 256), "1x128", "m4", False) for _ in range(3))
-        rows = quantize(x.reshape(-1, 256), "row", "m4", False)
-        return sum(t[0].float().sum() + t[1].sum() for t in (q, k, v, rows))
-
-    assert quantizers(quantizer_graph(three_linears)) == [("1x128", "m4"), ("row", "m4")]  # make_fx drops a default
-
-    def written_between(x):  # x changes between the two calls: both stay
-        first = quantize(x.reshape(-1, 256), "1x128", "m4", False)
-        x.add_(1)
-        return first[0].float().sum() + quantize(x.reshape(-1, 256), "1x128", "m4", False)[0].float().sum()
-
-    assert len(quantizers(quantizer_graph(written_between))) == 2
-
-    def returned(x):  # the caller gets two scales: two tensors, not one
-        return quantize(x.reshape(-1, 256), "1x128", "m4", False)[1], quantize(x.reshape(-1, 256), "1x128", "m4", False)[1]
-
-    assert len(quantizers(quantizer_graph(returned))) == 2
-
-    def no_quantizer(x):  # two like views, and no quantizer: the graph stays as it is
-        return x.reshape(-1, 256).sum() + x.reshape(-1, 256).amax()
-
-    assert len(quantizer_graph(no_quantizer).find_nodes(op="call_function", target=torch.ops.aten.view.default)) == 2
+def three_linears(x):  # as q, k and v: each reshapes x and quantizes it
+    return use(*(quantize_once(x) for _ in range(3)))
 
 
-@pytest.mark.parametrize("options, launches", [({}, 3), (fp8_torch.compile_options(), 1)])
-def test_inductor_runs_the_pass_of_the_compile_options(options, launches):
+def two_padded(x):  # as the peer's Linears at an M that is no multiple of 16
+    return use(quantize_once(x, pad=2), quantize_once(x, pad=2))
+
+
+def written_between(x):  # x changes between the two calls: both stay
+    first = quantize_once(x)
+    x.add_(1)
+    return use(first, quantize_once(x))
+
+
+def written_through_a_view(x):
+    first = quantize_once(x)
+    x[0].add_(1)
+    return use(first, quantize_once(x))
+
+
+def returned(x):  # the caller gets two scales, through views: two tensors, not one
+    return quantize_once(x)[1].t(), quantize_once(x)[1].t()
+
+
+def quantizers(graph: torch.fx.Graph) -> int:
+    return len(graph.find_nodes(op="call_function", target=torch.ops.tilus_gemm.quantize.default))
+
+
+@pytest.mark.parametrize("fn, alone, shared", [(three_linears, 3, 1), (two_padded, 2, 1), (written_between, 2, 2),
+                                               (written_through_a_view, 2, 2), (returned, 2, 2)])
+def test_inductor_runs_the_pass_of_the_compile_options(fn, alone, shared):
     # the op has a GPU kernel only: here, for this test, torch's quantizer counts its calls on the CPU
     calls = []
 
@@ -330,26 +327,58 @@ def test_inductor_runs_the_pass_of_the_compile_options(options, launches):
         calls.append(granularity)
         return fp8_torch.quantize_rows(x, granularity, layout)
 
-    def three_linears(x):
-        outs = [torch.ops.tilus_gemm.quantize(x.reshape(-1, 256), "1x128", "m4", False) for _ in range(3)]
-        return [x8.float() * scale.repeat_interleave(128, dim=1) for x8, scale in outs]
-
     x = torch.randn(2, 8, 256, dtype=torch.bfloat16)
     with torch.library._scoped_library("tilus_gemm", "IMPL") as library:
         library.impl("quantize", on_the_cpu, "CPU")
-        expected = three_linears(x)
-        torch._dynamo.reset()
-        calls.clear()
-        got = torch.compile(three_linears, fullgraph=True, options=options)(x)
-    assert len(calls) == launches
-    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+        expected = fn(x.clone())
+        for options, launches in (({}, alone), (fp8_torch.compile_options(), shared)):
+            torch._dynamo.reset()
+            calls.clear()
+            got = torch.compile(fn, fullgraph=True, options=options)(x.clone())
+            assert len(calls) == launches, (options, calls)
+            assert all(torch.equal(a, b) for a, b in zip(got, expected))
+            if fn is returned:
+                assert got[0].data_ptr() != got[1].data_ptr()
 
 
-def test_the_compile_options_share_quantizers_and_take_cuda_graphs():
+def test_the_pass_merges_only_calls_on_one_x_and_erases_their_views():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def graph(fn):  # not functional, unlike Inductor's: x.add_ stays in it
+        traced = make_fx(fn, tracing_mode="fake")(torch.randn(2, 8, 256, dtype=torch.bfloat16)).graph
+        fp8_torch.ShareQuantizers()(traced)
+        traced.lint()
+        return traced
+
+    def views_of_x(traced):
+        return [n for n in traced.find_nodes(op="call_function", target=torch.ops.aten.view.default)
+                if n.args[0].op == "placeholder"]
+
+    merged = graph(three_linears)
+    assert quantizers(merged) == 1 and len(views_of_x(merged)) == 1
+    assert quantizers(graph(written_through_a_view)) == 2  # the same view of x before and after: the count of writes
+    assert quantizers(graph(returned)) == 2
+
+    def no_quantizer(x):  # two like views and no quantizer: the graph stays as it is
+        return x.reshape(-1, 256).sum() + x.reshape(-1, 256).amax()
+
+    assert len(views_of_x(graph(no_quantizer))) == 2
+
+
+def test_the_compile_options_share_quantizers_take_cuda_graphs_and_keep_inductors_cache():
     options = fp8_torch.compile_options(cudagraphs=True)
-    assert isinstance(options["post_grad_custom_pre_pass"], fp8_torch.ShareQuantizers) and options["triton.cudagraphs"]
+    assert isinstance(options["post_grad_custom_pre_pass"], fp8_torch.ShareQuantizers)
+    assert options.items() >= torch._inductor.list_mode_options("reduce-overhead").items()
     assert "triton.cudagraphs" not in fp8_torch.compile_options()
-    assert fp8_torch.ShareQuantizers().uuid() == fp8_torch.ShareQuantizers().uuid()  # Inductor's cache key
+    with torch.library._scoped_library("tilus_gemm", "IMPL") as library:
+        library.impl("quantize", lambda x, granularity, layout, gated=False: fp8_torch.quantize_rows(x, granularity,
+                                                                                                     layout), "CPU")
+        for _ in range(2):  # the second compile finds the first's graph: the pass has a key (uuid)
+            torch._dynamo.reset()
+            torch._dynamo.utils.counters.clear()
+            torch.compile(three_linears, fullgraph=True, options=fp8_torch.compile_options())(torch.randn(2, 8, 256))
+    counters = torch._dynamo.utils.counters["inductor"]
+    assert counters["fxgraph_cache_hit"] == 1 and not counters["fxgraph_cache_bypass"], dict(counters)
 
 
 # --- the fp8 model's tables -----------------------------------------------------------------------------

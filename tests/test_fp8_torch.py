@@ -635,12 +635,17 @@ def test_a_fused_quantizer_leaves_no_quantize_kernel_in_a_compiled_graph(quantiz
     x = torch.randn(3, 5, 256, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         compiled(x)  # compiles, builds and tunes
+        assert quantizer_launches(compiled, x) == launches
+
+
+def quantizer_launches(call, x) -> int:
+    """quantize.py's kernels in one profiled call."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        call(x)
         torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-            compiled(x)
-            torch.cuda.synchronize()
     names = [e.name for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert sum(name.startswith("tilus_quantize") for name in names) == launches, names
+    return sum(name.startswith("tilus_quantize") for name in names)
 
 
 @pytest.mark.gpu
@@ -655,12 +660,7 @@ def test_compiled_with_the_options_linears_that_read_one_x_launch_one_quantizer(
     x = torch.randn(3, 5, 256, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         assert torch.equal(compiled(x), model.forward(x))  # compiles, builds and tunes; the same bits as eager
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-            compiled(x)
-            torch.cuda.synchronize()
-    names = [e.name for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert sum(name.startswith("tilus_quantize") for name in names) == launches, names
+        assert quantizer_launches(compiled, x) == launches
 
 
 @pytest.mark.gpu

@@ -306,6 +306,7 @@ def prefill_kernels(version: str, scaling: str, quantizer: str) -> list[tuple[st
     (IN_MODEL_LAYERS layers, ``quantizer``), after three warm-up calls (torch.profiler)."""
     config, model = build(IN_MODEL_LAYERS)
     torch_op.swap_linears(model, version, scaling=scaling, quantizer=quantizer)
+    # no compile_options: each projection keeps its own quantizer, which quantizer_in_model pairs with its GEMM
     call, _ = step(torch.compile(model, fullgraph=True, dynamic=False), config, "prefill 1x2048")
     with torch.no_grad():
         for _ in range(3):

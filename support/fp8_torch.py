@@ -439,21 +439,19 @@ def swap_linears(model: nn.Module, version: str = "v11", scaling: str | None = N
     does one the fp8 path cannot take. Returns the names swapped and, for each ``nn.Linear`` left
     as it was, why.
     """
-    from support.torch_op import linears
+    from support.torch_op import children, linears
 
     swapped, kept = [], {}
     options = {"version": version, "scaling": scaling, "backend": backend, "quantizer": quantizer}
-    for name, module in list(model.named_modules()) if gated else []:
-        for child_name, child in list(module.named_children()):
-            kept_part = any(name in keep for name in ("gate_proj", "up_proj", "down_proj"))
-            shapes = [(child.gate_proj.in_features, 2 * child.gate_proj.out_features),
-                      (child.down_proj.in_features, child.down_proj.out_features)] \
-                if gated_mlp(child) and not kept_part else []
-            if shapes and not any(ineligible(*shape, child.down_proj.weight.dtype, backend) for shape in shapes):
-                setattr(module, child_name, Fp8GatedMLP.from_mlp(child, **options))
-                full = f"{name}.{child_name}" if name else child_name
-                swapped += [f"{full}.gate_up_proj", f"{full}.down_proj"]
-                dispatch.reserve_workspace(child.down_proj.weight.device)
+    # an MLP whose gate, up or down projection ``keep`` names stays apart: its Linears are swapped (or kept) below
+    mlps = children(model, gated_mlp) if gated and not keep.keys() & {"gate_proj", "up_proj", "down_proj"} else []
+    for module, child_name, full, mlp in mlps:
+        shapes = [(mlp.gate_proj.in_features, 2 * mlp.gate_proj.out_features),
+                  (mlp.down_proj.in_features, mlp.down_proj.out_features)]
+        if not any(ineligible(*shape, mlp.down_proj.weight.dtype, backend) for shape in shapes):
+            setattr(module, child_name, Fp8GatedMLP.from_mlp(mlp, **options))
+            swapped += [f"{full}.gate_up_proj", f"{full}.down_proj"]
+            dispatch.reserve_workspace(mlp.down_proj.weight.device)
     for module, child_name, full, child in linears(model):
         if child_name in keep:
             kept[full] = f"stays {child.weight.dtype} {keep[child_name]}"

@@ -150,11 +150,16 @@ def swap_linears(model: nn.Module, version: str = "v9", **fp8) -> tuple[list[str
 
 
 def linears(model: nn.Module) -> list[tuple]:
-    """Each ``nn.Linear`` in ``model`` (not a subclass): (its parent, its attribute name, its full name, the Linear),
+    """Each ``nn.Linear`` in ``model`` (not a subclass), as ``children`` lists it."""
+    return children(model, lambda child: type(child) is nn.Linear)
+
+
+def children(model: nn.Module, test) -> list[tuple]:
+    """Each module in ``model`` that passes ``test``: (its parent, its attribute name, its full name, the module),
     listed before the caller replaces any."""
     return [(module, child_name, f"{name}.{child_name}" if name else child_name, child)
             for name, module in model.named_modules() for child_name, child in module.named_children()
-            if type(child) is nn.Linear]
+            if test(child)]
 
 
 def prepare(version: str, sizes, dtype: torch.dtype = torch.bfloat16, device: str = "cuda") -> None:

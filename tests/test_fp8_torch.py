@@ -3,6 +3,7 @@ beside the real path's, the activation quantizer against scaled.quantize, Fp8Lin
 tracing, the fp8 model tables; on a GPU (marked `gpu`) also results against the dequantized reference,
 torch.compile, CUDA graphs, the refusal to tune inside a capture, and a tiny Llama's logits."""
 
+import contextlib
 import copy
 import re
 import csv
@@ -317,19 +318,25 @@ def quantizers(graph: torch.fx.Graph) -> int:
     return len(graph.find_nodes(op="call_function", target=torch.ops.tilus_gemm.quantize.default))
 
 
-@pytest.mark.parametrize("fn, alone, shared", [(three_linears, 3, 1), (two_padded, 2, 1), (written_between, 2, 2),
-                                               (written_through_a_view, 2, 2), (returned, 2, 2)])
-def test_inductor_runs_the_pass_of_the_compile_options(fn, alone, shared):
-    # the op has a GPU kernel only: here, for this test, torch's quantizer counts its calls on the CPU
-    calls = []
-
+@contextlib.contextmanager
+def quantizer_on_the_cpu(calls: list):
+    """The quantizer op, which has a GPU kernel only, with torch's quantizer as its CPU kernel inside the block, each
+    call's granularity appended to ``calls``."""
     def on_the_cpu(x, granularity, layout, gated=False):
         calls.append(granularity)
         return fp8_torch.quantize_rows(x, granularity, layout)
 
-    x = torch.randn(2, 8, 256, dtype=torch.bfloat16)
     with torch.library._scoped_library("tilus_gemm", "IMPL") as library:
         library.impl("quantize", on_the_cpu, "CPU")
+        yield
+
+
+@pytest.mark.parametrize("fn, alone, shared", [(three_linears, 3, 1), (two_padded, 2, 1), (written_between, 2, 2),
+                                               (written_through_a_view, 2, 2), (returned, 2, 2)])
+def test_inductor_runs_the_pass_of_the_compile_options(fn, alone, shared):
+    calls = []
+    x = torch.randn(2, 8, 256, dtype=torch.bfloat16)
+    with quantizer_on_the_cpu(calls):
         expected = fn(x.clone())
         for options, launches in (({}, alone), (fp8_torch.compile_options(), shared)):
             torch._dynamo.reset()
@@ -370,9 +377,7 @@ def test_the_compile_options_share_quantizers_take_cuda_graphs_and_keep_inductor
     assert isinstance(options["post_grad_custom_pre_pass"], fp8_torch.ShareQuantizers)
     assert options.items() >= torch._inductor.list_mode_options("reduce-overhead").items()
     assert "triton.cudagraphs" not in fp8_torch.compile_options()
-    with torch.library._scoped_library("tilus_gemm", "IMPL") as library:
-        library.impl("quantize", lambda x, granularity, layout, gated=False: fp8_torch.quantize_rows(x, granularity,
-                                                                                                     layout), "CPU")
+    with quantizer_on_the_cpu([]):
         for _ in range(2):  # the second compile finds the first's graph: the pass has a key (uuid)
             torch._dynamo.reset()
             torch._dynamo.utils.counters.clear()

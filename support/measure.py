@@ -168,6 +168,8 @@ def warm_up_gpu(a: torch.Tensor, b: torch.Tensor, seconds: float = 0.3) -> None:
     """Keep the tensor cores busy until the clocks have left their idle state."""
     if a.dtype not in DTYPE_NAMES.values() or b.dtype != a.dtype:  # fp8 (v10, v11, the quantizer's output)
         a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
+    if b.shape[-1] != a.shape[-1]:  # not a GEMM's operands: the gated quantizer reads 2 K columns and writes K
+        b = a
     torch.cuda.synchronize()
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:

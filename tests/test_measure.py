@@ -58,3 +58,15 @@ def test_unwritten_output_is_nan():
     out, ref = rounded(64, 64, 64, torch.float16)
     out[3, 5] = math.nan
     assert math.isnan(measure.relative_error(out, ref))
+
+
+@pytest.mark.parametrize("b_shape, b_dtype", [((8, 64), torch.float8_e4m3fn), ((8, 32), torch.float8_e4m3fn),
+                                              ((16, 64), torch.bfloat16)])
+def test_the_tuners_warm_up_takes_any_kernels_first_two_tensors(monkeypatch, b_shape, b_dtype):
+    # a GEMM's A and B; a quantizer's x and x8; the gated quantizer's x (2 K columns) and x8 (K): its first tune on
+    # an H100 raised here, as matmul(x, x8.T) of unlike widths
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    products = []
+    monkeypatch.setattr(torch, "matmul", lambda a, b: products.append((a.shape, b.shape)))
+    measure.warm_up_gpu(torch.randn(8, 64, dtype=torch.bfloat16), torch.zeros(b_shape).to(b_dtype), seconds=1e-3)
+    assert products and all(a[-1] == b[0] for a, b in products)  # each product's shapes agree

@@ -63,8 +63,7 @@ def test_unwritten_output_is_nan():
 @pytest.mark.parametrize("b_shape, b_dtype", [((8, 64), torch.float8_e4m3fn), ((8, 32), torch.float8_e4m3fn),
                                               ((16, 64), torch.bfloat16)])
 def test_the_tuners_warm_up_takes_any_kernels_first_two_tensors(monkeypatch, b_shape, b_dtype):
-    # a GEMM's A and B; a quantizer's x and x8; the gated quantizer's x (2 K columns) and x8 (K): its first tune on
-    # an H100 raised here, as matmul(x, x8.T) of unlike widths
+    # a GEMM's A and B; a quantizer's x and x8; the gated quantizer's x (2 K columns) and x8 (K), unlike widths
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     products = []
     monkeypatch.setattr(torch, "matmul", lambda a, b: products.append((a.shape, b.shape)))

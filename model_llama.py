@@ -1,7 +1,7 @@
 """A real model on the kernels: Llama-3-8B's layers, random weights, its Linears on a version's GEMM, against cuBLAS.
 
     python model_llama.py [--version v9] [--layers 2] [--seconds 0.5]    (needs: pip install -e ".[model]")
-    python model_llama.py --version v11 [--quant] [--quantizer fused] [--gated]
+    python model_llama.py --version v11 [--quant] [--quantizer fused | o_proj=fused] [--gated]
 
 It builds Hugging Face transformers' Llama from a ``LlamaConfig`` with Llama-3-8B's layer
 dimensions (hidden 4096, MLP 14336, 32 heads, 8 KV heads) and a few layers, random bf16
@@ -29,7 +29,9 @@ back to back (replayed from CUDA graphs, as the compiled model runs it), and in 
 model's prefill (kernel times from torch.profiler); ``--quant --quantizer fused`` times what the
 fused quantizer adds to the ops it joins there. ``--gated`` runs each MLP as an ``Fp8GatedMLP`` in
 both fp8 models: gate and up one GEMM, and SiLU(gate) x up computed by the down projection's
-quantizer as it quantizes it.
+quantizer as it quantizes it. ``--quantizer o_proj=fused`` fuses at the Linears it names and
+runs the kernel elsewhere; ``--quant`` with it, or with ``--gated``, times what quantizing adds to
+the compiled model as it runs, against the bf16 model's prefill.
 
 Rows are merged into results/<gpu>_model.csv (a row per run, backend, scenario and mode) and
 results/<gpu>_quant.csv; ``python plot.py`` writes docs/torch.md's tables from them.
@@ -77,6 +79,7 @@ IN_MODEL_LAYERS = 4
 # quantizer='fused' joins the op that writes x; each such x feeds these Linears: the first norm's q, k and v,
 # attention's output o, the second norm's gate and up, SiLU(gate) x up's down
 FEEDS = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
+GATED = ("q", "k", "v", "o", "gate_up", "down")  # a layer's Fp8Linears in call order with --gated
 
 
 def build(layers: int):
@@ -273,41 +276,68 @@ def unlike_reference(x: torch.Tensor, granularity: str, x8: torch.Tensor, scale:
 
 
 def time_fused_quantizer(version: str, scaling: str | None) -> list[dict]:
-    """quantizer='fused' in the compiled model's prefill (``fused_cost``): a row for each op it joins, against the
-    GEMMs that op's x feeds; its e4m3 values against ``scaled.quantize``'s, from quantize_rows compiled alone."""
+    """quantizer='fused' in the compiled model's prefill: a row for each op it joins (``added_cost`` against the
+    kernel quantizer's prefill without quantize.py's kernels), against the GEMMs that op's x feeds."""
     scaling = scaling or fp8_torch.scalings(version)[0]
+    kernel_run = [(name, us) for name, us in prefill_kernels(version, scaling, "kernel") if not is_quantizer(name)]
+    cost = added_cost(prefill_kernels(version, scaling, "fused"), kernel_run, version, baseline_version=version)
+    return cost_rows(cost, version, scaling, "fused", "in the model, fused", "fused quantizer")
+
+
+def time_quantizer_as_run(version: str, scaling: str | None, quantizer, gated: bool) -> list[dict]:
+    """What quantizing the activations adds to the compiled fp8 model's prefill as ``model_llama.py`` runs it
+    (``quantizer`` per Linear, ``gated``, shared quantizers: ``compile_options``): for each group of GEMMs that read
+    one x, the kernels launched before them less those before the same GEMMs in the bf16 model (``added_cost``).
+    Against the bf16 model, a gated down projection's quantizer costs what it adds to SiLU(gate) x up."""
+    scaling = scaling or fp8_torch.scalings(version)[0]
+    run = prefill_kernels(version, scaling, quantizer, gated=gated, share=True)
+    cost = added_cost(run, prefill_kernels(None, scaling, "kernel"), version, gated=gated)
+    choices = [quantizer] if isinstance(quantizer, str) else [f"{c} at {name}" for name, c in sorted(quantizer.items())]
+    regime = ", ".join(["in the model as run", *(["gated"] if gated else []), *(c for c in choices if c != "kernel")])
+    return cost_rows(cost, version, scaling, quantizer, regime, "quantization")
+
+
+def cost_rows(cost: dict, version: str, scaling: str, quantizer, regime: str, what: str) -> list[dict]:
+    """Rows of results/<gpu>_quant.csv from ``added_cost``'s {group: (µs a layer, GEMM µs a layer)}; the e4m3 values
+    of the quantizer the group's Linears took against ``scaled.quantize``'s: quantize.py's kernel, or quantize_rows
+    compiled alone (the fused quantizer's arithmetic)."""
     granularity = fp8_torch.ACTIVATION[scaling]
-    cost = fused_cost(prefill_kernels(version, scaling, "kernel"), prefill_kernels(version, scaling, "fused"), version)
     compiled = torch.compile(fp8_torch.quantize_rows, fullgraph=True, dynamic=False)
     rows = []
     for group, (added, gemm) in cost.items():
         shapes = [projection_shape(p) for p in group]
         m, k, n = shapes[0][0], shapes[0][2], sum(shape[1] for shape in shapes)
         x = torch.randn(m, k, generator=torch.Generator(device="cuda").manual_seed(k), device="cuda").bfloat16()
-        mismatch, scale_diff = unlike_reference(x, granularity, *compiled(x, granularity))
+        fused = fp8_torch.quantizer_of(quantizer, f"{group[0]}_proj") == "fused"
+        x8, scale = compiled(x, granularity) if fused else fp8_torch.quantize_activations(x, granularity)
+        mismatch, scale_diff = unlike_reference(x, granularity, x8, scale)
         us, gemm_us = statistics.median(added), statistics.median(gemm)
         rows.append({"gpu": torch.cuda.get_device_name(), "version": version, "scaling": scaling,
                      "granularity": granularity, "m": m, "n": n, "k": k, "linears": " ".join(group),
-                     "regime": "in the model, fused", "quant_ms": f"{us / 1e3:.5f}",
+                     "regime": regime, "quant_ms": f"{us / 1e3:.5f}",
                      "quant_spread_us": f"{max(added) - min(added):.1f}", "gemm_ms": f"{gemm_us / 1e3:.5f}",
                      "pct_of_gemm": f"{100 * us / gemm_us:.1f}",
                      "x8_mismatch": f"{mismatch:.2e}", "scale_max_rel_diff": f"{scale_diff:.2e}",
                      "torch": torch.__version__, "date": datetime.date.today().isoformat()})
-        print(f"{m}x{n}x{k} ({' '.join(group)}) fused quantizer in the model: adds {us:.1f} us (layers "
+        print(f"{m}x{n}x{k} ({' '.join(group)}) {what} in the model: adds {us:.1f} us (layers "
               f"{', '.join(f'{a:.1f}' for a in added)}), {rows[-1]['pct_of_gemm']}% of the GEMMs' {gemm_us:.1f} us",
               flush=True)
-    layers = [sum(cost[g][0][layer] for g in FEEDS) for layer in range(IN_MODEL_LAYERS)]
-    print(f"fused quantizer, a whole layer: adds {', '.join(f'{a:.1f}' for a in layers)} us", flush=True)
+    layers = [sum(added[layer] for added, _ in cost.values()) for layer in range(IN_MODEL_LAYERS)]
+    print(f"{what}, a whole layer: adds {', '.join(f'{a:.1f}' for a in layers)} us", flush=True)
     return rows
 
 
-def prefill_kernels(version: str, scaling: str, quantizer: str) -> list[tuple[str, float]]:
+def prefill_kernels(version: str | None, scaling: str, quantizer, gated: bool = False,
+                    share: bool = False) -> list[tuple[str, float]]:
     """The GPU's kernels (name, µs) in launch order over one prefill of 1 x 2048 tokens of the compiled fp8 Llama
-    (IN_MODEL_LAYERS layers, ``quantizer``), after three warm-up calls (torch.profiler)."""
+    (IN_MODEL_LAYERS layers, ``quantizer``, ``gated``; the bf16 model where ``version`` is None), after three warm-up
+    calls (torch.profiler). ``share``: compiled with ``compile_options``, as the model runs; without, each projection
+    keeps its own quantizer, which quantizer_in_model pairs with its GEMM."""
     config, model = build(IN_MODEL_LAYERS)
-    torch_op.swap_linears(model, version, scaling=scaling, quantizer=quantizer)
-    # no compile_options: each projection keeps its own quantizer, which quantizer_in_model pairs with its GEMM
-    call, _ = step(torch.compile(model, fullgraph=True, dynamic=False), config, "prefill 1x2048")
+    if version:
+        torch_op.swap_linears(model, version, scaling=scaling, quantizer=quantizer, gated=gated)
+    options = fp8_torch.compile_options() if share else None
+    call, _ = step(torch.compile(model, fullgraph=True, dynamic=False, options=options), config, "prefill 1x2048")
     with torch.no_grad():
         for _ in range(3):
             call()
@@ -337,36 +367,44 @@ def quantizer_in_model(kernels: list[tuple[str, float]], version: str) -> dict[t
     return layer_pairs(quantizers, gemms, IN_MODEL_LAYERS)
 
 
-def before_gemms(kernels: list[tuple[str, float]], version: str) -> list[tuple[float, float, float]]:
-    """Kernels (name, µs) in launch order -> for each of the version's GEMMs: (its µs, the µs of the kernels launched
-    since the GEMM before it, the part of those in quantize.py's kernel)."""
-    out, other, quant = [], 0.0, 0.0
+def before_gemms(kernels: list[tuple[str, float]], is_gemm_kernel) -> list[tuple[float, float]]:
+    """Kernels (name, µs) in launch order -> for each GEMM (a name ``is_gemm_kernel`` takes): (its µs, the µs of the
+    kernels launched since the GEMM before it)."""
+    out, other = [], 0.0
     for name, us in kernels:
-        if is_gemm(name, version):
-            out.append((us, other, quant))
-            other = quant = 0.0
+        if is_gemm_kernel(name):
+            out.append((us, other))
+            other = 0.0
         else:
             other += us
-            quant += us if is_quantizer(name) else 0.0
     return out
 
 
-def fused_cost(kernel_run: list[tuple[str, float]], fused_run: list[tuple[str, float]], version: str,
+def added_cost(run: list[tuple[str, float]], baseline: list[tuple[str, float]], version: str, gated: bool = False,
+               baseline_version: str | None = None,
                layers: int = IN_MODEL_LAYERS) -> dict[tuple[str, ...], tuple[list[float], list[float]]]:
-    """What quantizer='fused' adds to the ops it joins, from two profiled prefills in launch order: {FEEDS group:
-    (µs a layer, GEMM µs a layer)}. Added: the kernels before the group's GEMMs in the fused run, less those in the
-    kernel quantizer's run without its quantizers; the same model otherwise, so the rest cancels. GEMM: the
-    group's GEMMs in the fused run."""
-    kernel, fused = before_gemms(kernel_run, version), before_gemms(fused_run, version)
-    expected = layers * len(PROJECTIONS)
-    if len(kernel) != expected or len(fused) != expected:
-        raise RuntimeError(f"the profiled prefills ran {len(kernel)} and {len(fused)} fp8 GEMMs, not {expected} "
-                           f"({len(PROJECTIONS)} Linears in each of {layers} layers)")
+    """What quantizing adds before each group of GEMMs that read one x, from two profiled prefills in launch order:
+    ``run``, the fp8 model's (``gated``: GATED's Linears), and ``baseline``, whose GEMMs are ``baseline_version``'s
+    (the same model otherwise) or cuBLAS's (the bf16 model's PROJECTIONS: GEMM kernels that ``run`` does not launch
+    too, as it does the rotary embedding's fp32 product and the LM head's). {FEEDS group (gate and up one where
+    gated): (µs a layer, GEMM µs a layer)}. Added: the kernels before the group's GEMMs in ``run``, less those before
+    the same GEMMs in ``baseline``; the rest of the model cancels. GEMM: the group's GEMMs in ``run``."""
+    projections = GATED if gated else PROJECTIONS
+    fp8 = before_gemms(run, lambda name: is_gemm(name, version))
+    in_run = {name for name, _ in run}
+    base = before_gemms(baseline, (lambda name: is_gemm(name, baseline_version)) if baseline_version
+                        else (lambda name: is_gemm_kernel(name) and name not in in_run))
+    if len(fp8) != layers * len(projections) or len(base) != layers * len(PROJECTIONS):
+        raise RuntimeError(f"the profiled prefills ran {len(fp8)} fp8 GEMMs and {len(base)} in the baseline, not "
+                           f"{layers * len(projections)} and {layers * len(PROJECTIONS)} ({len(projections)} and "
+                           f"{len(PROJECTIONS)} Linears in each of {layers} layers)")
     cost = {}
     for group in FEEDS:
-        at = [[layer * len(PROJECTIONS) + PROJECTIONS.index(p) for p in group] for layer in range(layers)]
-        added = [sum(fused[i][1] - kernel[i][1] + kernel[i][2] for i in places) for places in at]
-        cost[group] = added, [sum(fused[i][0] for i in places) for places in at]
+        names = ("gate_up",) if gated and group == ("gate", "up") else group
+        places = [[layer * len(projections) + projections.index(p) for p in names] for layer in range(layers)]
+        base_places = [[layer * len(PROJECTIONS) + PROJECTIONS.index(p) for p in group] for layer in range(layers)]
+        added = [sum(fp8[i][1] for i in at) - sum(base[i][1] for i in base_at) for at, base_at in zip(places, base_places)]
+        cost[names] = added, [sum(fp8[i][0] for i in at) for at in places]
     return cost
 
 
@@ -374,7 +412,7 @@ def projection_shape(name: str, tokens: int = 2048) -> tuple[int, int, int]:
     """M x N x K of a projection's GEMM at prefill."""
     hidden, mlp = CONFIG["hidden_size"], CONFIG["intermediate_size"]
     kv = hidden * CONFIG["num_key_value_heads"] // CONFIG["num_attention_heads"]
-    n = {"q": hidden, "k": kv, "v": kv, "o": hidden, "gate": mlp, "up": mlp, "down": hidden}[name]
+    n = {"q": hidden, "k": kv, "v": kv, "o": hidden, "gate": mlp, "up": mlp, "gate_up": 2 * mlp, "down": hidden}[name]
     return tokens, n, mlp if name == "down" else hidden
 
 
@@ -435,12 +473,28 @@ def save(rows: list[dict], path, fields=FIELDS, key_fields=("run", "backend", "s
 
 
 def run_name(args) -> str:
-    """The run column: the version, the scaling where it is not the version's own ('v11-row'), 'fused' where
-    compiled graphs quantize in torch ('v11-fused'), and 'gated' where the MLPs are Fp8GatedMLPs ('v11-gated')."""
+    """The run column: the version, the scaling where it is not the version's own ('v11-row'), the quantizer where
+    not the kernel ('v11-fused', 'v11-o_proj=fused'), and 'gated' where the MLPs are Fp8GatedMLPs ('v11-gated')."""
     name = args.version
     if fp8_torch.is_fp8(args.version) and args.scaling and args.scaling != fp8_torch.scalings(args.version)[0]:
         name += f"-{args.scaling}"
-    return name + ("-fused" if args.quantizer == "fused" else "") + ("-gated" if getattr(args, "gated", False) else "")
+    quantizer = args.quantizer if isinstance(args.quantizer, str) else ",".join(
+        f"{linear}={choice}" for linear, choice in args.quantizer.items())
+    return name + ("" if quantizer == "kernel" else f"-{quantizer}") + ("-gated" if getattr(args, "gated", False) else "")
+
+
+def quantizer_choice(text: str) -> str | dict[str, str]:
+    """--quantizer: one of fp8_torch.QUANTIZERS for every Linear, or 'NAME=QUANTIZER[,NAME=QUANTIZER]' for some
+    (the rest take the kernel)."""
+    if "=" not in text:
+        if text not in fp8_torch.QUANTIZERS:
+            raise argparse.ArgumentTypeError(f"{text!r}: one of {', '.join(fp8_torch.QUANTIZERS)}, or NAME=QUANTIZER")
+        return text
+    choices = dict(item.partition("=")[::2] for item in text.split(","))
+    if bad := [f"{name}={choice}" for name, choice in choices.items() if not name or choice not in fp8_torch.QUANTIZERS]:
+        raise argparse.ArgumentTypeError(f"{', '.join(bad)}: each entry is a Linear's attribute name, '=', and one of "
+                                         f"{', '.join(fp8_torch.QUANTIZERS)} (e.g. o_proj=fused)")
+    return choices
 
 
 def main(argv=None) -> int:
@@ -455,12 +509,14 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled", "CUDA graph"],
                         choices=["eager", "compiled", "CUDA graph"],
                         help="compiled applies to prefill, CUDA graph to decode (default: all)")
-    parser.add_argument("--quantizer", choices=fp8_torch.QUANTIZERS, default="kernel",
+    parser.add_argument("--quantizer", type=quantizer_choice, default="kernel",
                         help="fp8: how compiled graphs quantize the activations: quantize.py's kernel (default), or "
-                        "the same arithmetic in torch, which Inductor fuses into the op that writes them")
+                        "'fused', the same arithmetic in torch, which Inductor fuses into the op that writes them; "
+                        "or per Linear, e.g. o_proj=fused (the rest: the kernel)")
     parser.add_argument("--quant", action="store_true",
                         help="fp8: time the activation quantizer at prefill shapes instead (results/<gpu>_quant.csv); "
-                        "with --quantizer fused, what it adds to the ops it joins in the compiled model")
+                        "with --quantizer fused, what it adds to the ops it joins in the compiled model; with a "
+                        "quantizer per Linear or --gated, what quantizing adds to the model as it runs, against bf16")
     parser.add_argument("--gated", action="store_true",
                         help="fp8: each MLP as an Fp8GatedMLP (gate and up one GEMM, SiLU x up computed as it is "
                         "quantized), in both fp8 models")
@@ -470,8 +526,8 @@ def main(argv=None) -> int:
     if args.quantizer != "kernel" and not fp8_torch.is_fp8(args.version):
         parser.error("--quantizer chooses how an fp8 model's compiled graphs quantize; a 16-bit --version quantizes "
                      "nothing")
-    if args.gated and (not fp8_torch.is_fp8(args.version) or args.quant):
-        parser.error("--gated runs an fp8 model's MLPs as Fp8GatedMLPs: pass an fp8 --version, without --quant")
+    if args.gated and not fp8_torch.is_fp8(args.version):
+        parser.error("--gated runs an fp8 model's MLPs as Fp8GatedMLPs: pass an fp8 --version")
     try:
         gpu.gpu_arch()
     except gpu.UnsupportedGPUError as reason:
@@ -481,8 +537,12 @@ def main(argv=None) -> int:
         if not fp8_torch.is_fp8(args.version):
             parser.error(f"--quant times the fp8 activation quantizer: pass an fp8 --version, not {args.version}")
         path = args.out or cli.RESULTS_DIR / f"{gpu.gpu_label()}_quant.csv"
-        rows = (time_quantizer(args.version, args.scaling, args.repeat) if args.quantizer == "kernel"
-                else time_fused_quantizer(args.version, args.scaling))
+        if not isinstance(args.quantizer, str) or args.gated:
+            rows = time_quantizer_as_run(args.version, args.scaling, args.quantizer, args.gated)
+        elif args.quantizer == "kernel":
+            rows = time_quantizer(args.version, args.scaling, args.repeat)
+        else:
+            rows = time_fused_quantizer(args.version, args.scaling)
         save(rows, path, QUANT_FIELDS, QUANT_KEY)
         provenance.record_measured(args.version, path)
         return 0

@@ -521,8 +521,9 @@ def model_table(rows: list[dict], run: str = "v9") -> str:
     each scenario and mode; an fp8 run's table is ``fp8_model_table``'s."""
     rows = [r for r in rows if r.get("run", "v9") == run]  # rows from before the run column are v9's
     if not rows:
-        version, *flags = run.split("-")  # model_llama's run_name: 'v11-fused-gated' is --quantizer fused --gated
-        options = "".join(" --quantizer fused" if f == "fused" else f" --{f}" for f in flags)
+        # model_llama's run_name: 'v11-fused-gated' is --quantizer fused --gated, 'v11-o_proj=fused' --quantizer o_proj=fused
+        version, *flags = run.split("-")
+        options = "".join(f" --quantizer {f}" if f == "fused" or "=" in f else f" --{f}" for f in flags)
         return f"Not measured yet: `python model_llama.py --version {version}{options}` measures it.\n"
     if any("fp8" in r["backend"] for r in rows):
         return fp8_model_table(rows)
@@ -590,11 +591,13 @@ def quant_table(rows: list[dict]) -> str:
              "copy of x's bandwidth | GEMM µs | quantizer / GEMM | host µs, eager |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     fused = [r for r in rows if r.get("regime") == "in the model, fused"]
+    as_run = [r for r in rows if r.get("regime", "").startswith("in the model as run")]
     for r in rows:
         m, k = int(r["m"]), int(r["k"])
-        if r in fused:
-            # no pass of its own: what it adds to the op it joins, against the GEMMs that op's x feeds
-            lines.append(f"| {r['granularity']} ({r['version']}), fused | {m} x {k} | {m}x{r['n']}x{k} "
+        if r in fused or r in as_run:
+            # what it adds to the kernels before the GEMMs that x feeds, against those GEMMs
+            lines.append(f"| {r['granularity']} ({r['version']}){', fused' if r in fused else ''} | {m} x {k} | "
+                         f"{m}x{r['n']}x{k} "
                          f"({r['linears']}) | {r['regime']} | {1e3 * float(r['quant_ms']):.1f} "
                          f"±{float(r['quant_spread_us']) / 2:.1f} µs | - | - | - | {1e3 * float(r['gemm_ms']):.1f} | "
                          f"{float(r['pct_of_gemm']):.1f}% | - |")
@@ -609,7 +612,7 @@ def quant_table(rows: list[dict]) -> str:
                      f"{r.get('regime') or 'burst'} | {1e3 * float(r['quant_ms']):.1f}{spread} | "
                      f"{float(r['pct_of_bandwidth']):.1f}% | {copy} | {1e3 * float(r['gemm_ms']):.1f} | "
                      f"{float(r['pct_of_gemm']):.1f}% | {r.get('host_us') or '-'} |")
-    first = next((r for r in rows if r not in fused), rows[0])
+    first = next((r for r in rows if r not in fused + as_run), rows[0])
     in_model = ("In the model: one prefill of 1 x 2048 tokens of the compiled fp8 Llama, kernel times from "
                 "torch.profiler, the median over the layers ± half their spread: the o projection's quantizer and GEMM "
                 "at 2048x4096x4096, gate's at 2048x14336x4096, down's at 2048x4096x14336. There x was just written by "
@@ -620,6 +623,11 @@ def quant_table(rows: list[dict]) -> str:
                  "its prefill less the same in the kernel quantizer's prefill without quantize.py's kernels, the "
                  "median over the layers ± half their spread. Its GEMMs: every one that op's x feeds. "
                  if fused else "")
+    in_model += ("As run: the compiled fp8 model as model_llama.py times it (quantizers shared, each Linear's own, "
+                 "gated MLPs where the regime says so). Its µs: the kernels before each group's GEMMs less those "
+                 "before the same GEMMs in the bf16 model's prefill, the median over the layers ± half their spread: "
+                 "what quantizing adds to the model (a gated down projection's quantizer: what it adds to SiLU x up). "
+                 if as_run else "")
     worst = max(float(r["x8_mismatch"]) for r in rows)
     gib_copy_tb_s = float(first["quant_tb_s"]) / (float(first["pct_of_bandwidth"]) / 100)
     lines += ["", f"{first['gpu']}, {first['date']}, torch {first['torch']}. Burst: each launch alone, L2 flushed, "

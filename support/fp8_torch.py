@@ -179,6 +179,12 @@ def check_quantizer(quantizer: str) -> None:
         raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}")
 
 
+def quantizer_of(quantizer: str | dict[str, str], name: str) -> str:
+    """The quantizer of the Linear ``name`` (its attribute name, e.g. 'o_proj'): ``quantizer`` itself, or its entry
+    in a mapping of names to quantizers, 'kernel' where it has none."""
+    return quantizer if isinstance(quantizer, str) else quantizer.get(name, "kernel")
+
+
 def swiglu(x: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) x up of rows of gate then up (a Llama MLP's activation), in x's dtype as the 16-bit model does it."""
     half = x.shape[-1] // 2
@@ -393,15 +399,16 @@ class Fp8GatedMLP(nn.Module):
         if gate_up.gated or not down.gated or gate_up.out_features != 2 * down.in_features:
             raise ValueError(f"Fp8GatedMLP takes gate and up stacked ({gate_up.out_features} outputs) and a gated down "
                              f"projection of half as many inputs (gated={down.gated}, {down.in_features} inputs)")
-        alike = ("version", "scaling", "backend", "quantizer", "dtype")
+        alike = ("version", "scaling", "backend", "dtype")
         if any(getattr(gate_up, name) != getattr(down, name) for name in alike):
             raise ValueError(f"Fp8GatedMLP's two Linears differ in their {', '.join(alike)}: {gate_up} and {down}")
         self.gate_up_proj, self.down_proj = gate_up, down
 
     @classmethod
     def from_mlp(cls, mlp: nn.Module, version: str = "v11", scaling: str | None = None, backend: str = "tilus",
-                 quantizer: str = "kernel") -> "Fp8GatedMLP":
-        """From a module with ``gate_proj``, ``up_proj`` and ``down_proj`` Linears and a SiLU ``act_fn`` (a Llama's)."""
+                 quantizer: str | dict[str, str] = "kernel") -> "Fp8GatedMLP":
+        """From a module with ``gate_proj``, ``up_proj`` and ``down_proj`` Linears and a SiLU ``act_fn`` (a Llama's);
+        a mapping ``quantizer`` names the two Linears 'gate_up_proj' and 'down_proj' (``quantizer_of``)."""
         if not gated_mlp(mlp):
             raise ValueError(f"Fp8GatedMLP takes an MLP of plain gate, up and down Linears of matching shapes and a "
                              f"SiLU act_fn: {type(mlp).__name__} is not one")
@@ -410,9 +417,10 @@ class Fp8GatedMLP(nn.Module):
         stacked.weight = nn.Parameter(torch.cat([gate.weight, up.weight]).detach(), requires_grad=False)
         if gate.bias is not None:
             stacked.bias = nn.Parameter(torch.cat([gate.bias, up.bias]).detach(), requires_grad=False)
-        options = {"version": version, "scaling": scaling, "backend": backend, "quantizer": quantizer}
-        return cls(Fp8Linear.from_linear(stacked, **options),
-                   Fp8Linear.from_linear(mlp.down_proj, gated=True, **options))
+        options = {"version": version, "scaling": scaling, "backend": backend}
+        return cls(Fp8Linear.from_linear(stacked, quantizer=quantizer_of(quantizer, "gate_up_proj"), **options),
+                   Fp8Linear.from_linear(mlp.down_proj, quantizer=quantizer_of(quantizer, "down_proj"), gated=True,
+                                         **options))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(x))
@@ -430,26 +438,35 @@ def gated_mlp(module: nn.Module) -> bool:
 
 
 def swap_linears(model: nn.Module, version: str = "v11", scaling: str | None = None, backend: str = "tilus",
-                 quantizer: str = "kernel", keep: dict[str, str] = KEEP,
+                 quantizer: str | dict[str, str] = "kernel", keep: dict[str, str] = KEEP,
                  gated: bool = False) -> tuple[list[str], dict[str, str]]:
     """Replace each eligible ``nn.Linear`` of ``model`` by an ``Fp8Linear`` on its weight, in place; with ``gated``,
     each Llama-style MLP (``gated_mlp``) by an ``Fp8GatedMLP`` first.
 
     A Linear whose attribute name is in ``keep`` (by default the LM head) stays as it is, as
-    does one the fp8 path cannot take. Returns the names swapped and, for each ``nn.Linear`` left
-    as it was, why.
+    does one the fp8 path cannot take. ``quantizer``: every Linear's, or a mapping from attribute
+    names to quantizers, 'kernel' for the rest (``{"o_proj": "fused"}``; a gated MLP's Linears
+    are 'gate_up_proj' and 'down_proj'). Returns the names swapped and, for each ``nn.Linear``
+    left as it was, why.
     """
     from support.torch_op import children, linears
 
-    swapped, kept = [], {}
-    options = {"version": version, "scaling": scaling, "backend": backend, "quantizer": quantizer}
     # an MLP whose gate, up or down projection ``keep`` names stays apart: its Linears are swapped (or kept) below
     mlps = children(model, gated_mlp) if gated and not keep.keys() & {"gate_proj", "up_proj", "down_proj"} else []
+    if not isinstance(quantizer, str):
+        names = {child_name for _, child_name, _, _ in linears(model)} | ({"gate_up_proj"} if mlps else set())
+        for name, choice in quantizer.items():
+            check_quantizer(choice)
+            if name not in names:
+                raise ValueError(f"quantizer names {name!r}, which is no Linear of the model: it has "
+                                 f"{', '.join(sorted(names))}")
+    swapped, kept = [], {}
+    options = {"version": version, "scaling": scaling, "backend": backend}
     for module, child_name, full, mlp in mlps:
         shapes = [(mlp.gate_proj.in_features, 2 * mlp.gate_proj.out_features),
                   (mlp.down_proj.in_features, mlp.down_proj.out_features)]
         if not any(ineligible(*shape, mlp.down_proj.weight.dtype, backend) for shape in shapes):
-            setattr(module, child_name, Fp8GatedMLP.from_mlp(mlp, **options))
+            setattr(module, child_name, Fp8GatedMLP.from_mlp(mlp, quantizer=quantizer, **options))
             swapped += [f"{full}.gate_up_proj", f"{full}.down_proj"]
             dispatch.reserve_workspace(mlp.down_proj.weight.device)
     for module, child_name, full, child in linears(model):
@@ -458,7 +475,8 @@ def swap_linears(model: nn.Module, version: str = "v11", scaling: str | None = N
         elif reason := ineligible(child.in_features, child.out_features, child.weight.dtype, backend):
             kept[full] = reason
         else:
-            setattr(module, child_name, Fp8Linear.from_linear(child, version, scaling, backend, quantizer))
+            setattr(module, child_name, Fp8Linear.from_linear(child, quantizer=quantizer_of(quantizer, child_name),
+                                                              **options))
             swapped.append(full)
             dispatch.reserve_workspace(child.weight.device)
     return swapped, kept

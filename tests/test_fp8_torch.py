@@ -214,6 +214,19 @@ def test_the_quantizer_option_is_checked_and_reaches_every_swapped_linear():
     layers = [m for m in model.modules() if isinstance(m, fp8_torch.Fp8Linear)]
     assert len(layers) == len(swapped) and all(m.quantizer == "fused" for m in layers)
     assert "quantizer=fused" in repr(layers[0])
+    # per Linear: o_proj fused, the rest the kernel; a gated MLP's Linears by their own names
+    _, model = tiny_llama()
+    torch_op.swap_linears(model, "v11", quantizer={"o_proj": "fused", "down_proj": "fused"}, gated=True)
+    layer = model.model.layers[0]
+    assert [m.quantizer for m in (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                                  layer.mlp.down_proj)] == ["kernel", "fused", "kernel", "fused"]
+    for bad, says in (({"o_prj": "fused"}, "quantizer names 'o_prj', which is no Linear of the model: it has "
+                                          "down_proj, gate_proj, .*o_proj"),
+                      ({"o_proj": "triton"}, "quantizer must be one of")):
+        _, model = tiny_llama()
+        with pytest.raises(ValueError, match=says):
+            torch_op.swap_linears(model, "v11", quantizer=bad)
+        assert not any(isinstance(m, fp8_torch.Fp8Linear) for m in model.modules())  # nothing swapped
 
 
 def test_a_gated_swap_stacks_gate_and_up_and_gates_down():
@@ -409,19 +422,25 @@ def test_a_fused_quantizer_run_is_a_run_of_its_own_and_only_for_an_fp8_model(cap
 
     import model_llama
 
-    runs = [("v11", None, "kernel"), ("v11", None, "fused"), ("v11", "row", "fused")]
+    per_linear = model_llama.quantizer_choice("o_proj=fused")
+    assert per_linear == {"o_proj": "fused"} and model_llama.quantizer_choice("fused") == "fused"
+    runs = [("v11", None, "kernel"), ("v11", None, "fused"), ("v11", "row", "fused"), ("v11", None, per_linear)]
     names = [model_llama.run_name(argparse.Namespace(version=version, scaling=scaling, quantizer=quantizer))
              for version, scaling, quantizer in runs]
-    assert names == ["v11", "v11-fused", "v11-row-fused"]
+    assert names == ["v11", "v11-fused", "v11-row-fused", "v11-o_proj=fused"]
     with pytest.raises(SystemExit):
         model_llama.main(["--version", "v9", "--quantizer", "fused"])
     assert "--quantizer chooses how an fp8 model's compiled graphs quantize; a 16-bit" in capsys.readouterr().err
-    gated = argparse.Namespace(version="v11", scaling=None, quantizer="kernel", gated=True)
-    assert model_llama.run_name(gated) == "v11-gated"
-    for argv in (["--version", "v9", "--gated"], ["--version", "v11", "--quant", "--gated"]):
+    for bad, says in (("triton", "'triton': one of kernel, fused, or NAME=QUANTIZER"),
+                      ("o_proj=triton", "o_proj=triton: each entry is a Linear's attribute name, '=', and one of")):
         with pytest.raises(SystemExit):
-            model_llama.main(argv)
-        assert "--gated runs an fp8 model's MLPs as Fp8GatedMLPs" in capsys.readouterr().err
+            model_llama.main(["--version", "v11", "--quantizer", bad])
+        assert says in capsys.readouterr().err
+    gated = argparse.Namespace(version="v11", scaling=None, quantizer=per_linear, gated=True)
+    assert model_llama.run_name(gated) == "v11-o_proj=fused-gated"
+    with pytest.raises(SystemExit):
+        model_llama.main(["--version", "v9", "--gated"])
+    assert "--gated runs an fp8 model's MLPs as Fp8GatedMLPs" in capsys.readouterr().err
 
 
 def test_a_back_to_back_quantizer_row_does_not_replace_a_burst_one(tmp_path):
@@ -470,6 +489,7 @@ def test_each_run_has_its_table():
     assert plot.model_table(model_rows(), "v11-gated").startswith(
         "Not measured yet: `python model_llama.py --version v11 --gated` measures it.")
     assert "--version v11 --quantizer fused --gated`" in plot.model_table(model_rows(), "v11-fused-gated")
+    assert "--version v11 --quantizer o_proj=fused --gated`" in plot.model_table(model_rows(), "v11-o_proj=fused-gated")
     assert plot.quant_table([]).startswith("Not measured yet")
     quant = {"gpu": "NVIDIA H100 80GB HBM3", "version": "v11", "scaling": "block", "granularity": "1x128", "m": "2048",
              "n": "4096", "k": "4096", "quant_ms": "0.0123", "quant_tb_s": "1.700", "pct_of_bandwidth": "81.2",
@@ -519,30 +539,44 @@ def test_the_model_pairs_each_projection_with_its_own_quantizer_and_gemm():
         model_llama.layer_pairs(quantizers[:-1], gemms, 2)
 
 
-def test_the_fused_quantizer_costs_what_it_adds_before_the_gemms_its_x_feeds():
+def test_quantizing_costs_what_it_adds_before_the_gemms_its_x_feeds():
     import model_llama
 
-    def prefill(before_q, before_o, quantizer):
+    def prefill(projections, before_q, before_o, quantized=(), silu=9.0, gemm="tilus_matmul_v11"):
         """One layer's kernels in launch order: the norm before q (and before gate), attention before o, SiLU x up
-        before down; with the kernel quantizer, a 5-µs quantize.py kernel before each GEMM."""
+        before down (none where ``silu`` is None); a 5-µs quantize.py kernel before each GEMM in ``quantized``;
+        then the LM head."""
         kernels = []
-        for p in model_llama.PROJECTIONS:
+        for p in projections:
             kernels += {"q": [("norm", before_q)], "o": [("attention", before_o)], "gate": [("norm", 7.0)],
-                        "down": [("silu_mul", 9.0)]}.get(p, [])
-            kernels += [("tilus_quantize_1x128", 5.0)] if quantizer == "kernel" else []
-            kernels.append((f"tilus_matmul_v11_{p}", 100.0))
+                        "gate_up": [("norm", 7.0)], "down": [("silu_mul", silu)] if silu else []}.get(p, [])
+            kernels += [("tilus_quantize_1x128", 5.0)] if p in quantized else []
+            kernels.append((f"{gemm}_{p}", 100.0))
         return kernels + [("lm_head_nvjet", 50.0)]
 
-    kernel, fused = prefill(6.0, 30.0, "kernel"), prefill(8.0, 29.0, "fused")
-    cost = model_llama.fused_cost(kernel, fused, "v11", layers=1)
-    # the norm took 2 µs longer with the quantizer in it and attention 1 µs less (noise): q, k and v's three 5-µs
-    # quantizers are gone, nothing else moved
+    # fused against the kernel quantizer's prefill without its quantizers: the norm took 2 µs longer with the
+    # quantizer in it and attention 1 µs less (noise); q, k and v's three 5-µs quantizers are gone, nothing else moved
+    projections = model_llama.PROJECTIONS
+    kernel = [k for k in prefill(projections, 6.0, 30.0, projections) if not model_llama.is_quantizer(k[0])]
+    fused = prefill(projections, 8.0, 29.0)
+    cost = model_llama.added_cost(fused, kernel, "v11", baseline_version="v11", layers=1)
     assert cost == {("q", "k", "v"): ([2.0], [300.0]), ("o",): ([-1.0], [100.0]), ("gate", "up"): ([0.0], [200.0]),
                     ("down",): ([0.0], [100.0])}
+    # gated, quantizers shared, against the bf16 model (cuBLAS GEMMs, the LM head last): one quantizer before q, one
+    # before gate and up's one GEMM; down's gated quantizer (5 µs) in place of SiLU x up (9 µs)
+    gated = prefill(model_llama.GATED, 6.0, 30.0, ("q", "o", "gate_up", "down"), silu=None)
+    bf16 = prefill(projections, 6.0, 30.0, gemm="nvjet_sm90")
+    rotary = ("cutlass_80_simt_sgemm", 3.0)  # a GEMM kernel both models launch (the rotary embedding's): not a Linear
+    gated.insert(2, rotary)
+    bf16.insert(2, rotary)
+    cost = model_llama.added_cost(gated, bf16, "v11", gated=True, layers=1)
+    assert cost == {("q", "k", "v"): ([5.0], [300.0]), ("o",): ([5.0], [100.0]), ("gate_up",): ([5.0], [100.0]),
+                    ("down",): ([-4.0], [100.0])}
     assert model_llama.projection_shape("k") == (2048, 1024, 4096)
+    assert model_llama.projection_shape("gate_up") == (2048, 28672, 4096)
     assert model_llama.projection_shape("down") == (2048, 4096, 14336)
-    with pytest.raises(RuntimeError, match="ran 7 and 6 fp8 GEMMs, not 7"):
-        model_llama.fused_cost(kernel, fused[:-2], "v11", layers=1)
+    with pytest.raises(RuntimeError, match="ran 6 fp8 GEMMs and 7 in the baseline, not 7 and 7"):
+        model_llama.added_cost(fused[:-3], kernel, "v11", baseline_version="v11", layers=1)
 
 
 # --- on a GPU -------------------------------------------------------------------------------------------

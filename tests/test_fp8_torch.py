@@ -513,6 +513,12 @@ def test_each_run_has_its_table():
     assert "| 1x128 (v11), fused | 2048 x 4096 | 2048x6144x4096 (q k v) | in the model, fused | -2.1 ±0.5 µs | - | - " \
            "| - | 123.4 | -1.7% | - |" in table
     assert "Fused (quantizer='fused')" in table and "Fused" not in plot.quant_table([quant, in_model])
+    as_run = fused | {"regime": "in the model as run, gated, fused at o_proj", "n": "4096", "linears": "o",
+                      "quant_ms": "0.0152", "quant_spread_us": "6.6", "gemm_ms": "0.0552", "pct_of_gemm": "27.6"}
+    table = plot.quant_table([quant, as_run])
+    assert "| 1x128 (v11) | 2048 x 4096 | 2048x4096x4096 (o) | in the model as run, gated, fused at o_proj | 15.2 ±3.3 " \
+           "µs | - | - | - | 55.2 | 27.6% | - |" in table
+    assert "As run: the compiled fp8 model" in table and "As run" not in plot.quant_table([quant, in_model, fused])
 
 
 def test_the_gemm_share_counts_gemms_and_not_the_quantizer():

@@ -367,12 +367,12 @@ def quantizer_in_model(kernels: list[tuple[str, float]], version: str) -> dict[t
     return layer_pairs(quantizers, gemms, IN_MODEL_LAYERS)
 
 
-def before_gemms(kernels: list[tuple[str, float]], is_gemm_kernel) -> list[tuple[float, float]]:
-    """Kernels (name, µs) in launch order -> for each GEMM (a name ``is_gemm_kernel`` takes): (its µs, the µs of the
+def before_gemms(kernels: list[tuple[str, float]], counts_as_gemm) -> list[tuple[float, float]]:
+    """Kernels (name, µs) in launch order -> for each GEMM (a name ``counts_as_gemm`` takes): (its µs, the µs of the
     kernels launched since the GEMM before it)."""
     out, other = [], 0.0
     for name, us in kernels:
-        if is_gemm_kernel(name):
+        if counts_as_gemm(name):
             out.append((us, other))
             other = 0.0
         else:
